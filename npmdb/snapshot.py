@@ -1,0 +1,65 @@
+"""A snapshot: one version of the database, read whole inside one LMDB read transaction.
+
+Query operators read storage only through a snapshot: its segments, the tombstones and
+document filter (``allowed_docs``), its embedding generation and that generation's encoder.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+
+from npmdb.storage.segments import SegmentReader, StoredDoc
+from npmdb.storage.versions import Manifest
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .encoder import Encoder
+    from npmdb.query.spec import DocFilter
+
+__all__ = ["Snapshot"]
+
+
+class Snapshot:
+    def __init__(self, txn, manifest: Manifest, segments: list[SegmentReader],
+                 encoder: Callable[[], "Encoder"], doc_filter: "DocFilter | None" = None,
+                 filter_cache: dict | None = None) -> None:
+        self.txn = txn
+        self.manifest = manifest
+        self.generation = manifest.generation
+        self.segments = segments
+        self._encoder = encoder
+        self.doc_filter = doc_filter
+        self._allowed: dict[int, np.ndarray | None] = {}
+        self._filter_cache = filter_cache if filter_cache is not None else {}
+
+    def encoder(self) -> "Encoder":
+        return self._encoder()
+
+    def doc(self, si: int, local: int) -> StoredDoc:
+        return self.segments[si].doc(self.txn, local)
+
+    def allowed_docs(self, si: int) -> np.ndarray | None:
+        """Boolean mask over segment ``si``'s documents, or None when all are allowed."""
+        if si in self._allowed:
+            return self._allowed[si]
+        seg = self.segments[si]
+        n_docs = int(seg.info["docs"])
+        mask = None
+        dead = self.manifest.deleted.get(seg.seg)
+        if dead:
+            mask = np.ones(n_docs, dtype=bool)
+            mask[np.asarray(dead, dtype=np.int64)] = False
+        if self.doc_filter is not None:
+            key = (seg.seg, self.doc_filter.describe)
+            fmask = self._filter_cache.get(key)
+            if fmask is None:
+                pred = self.doc_filter.predicate
+                fmask = np.fromiter((bool(pred(seg.doc(self.txn, i))) for i in range(n_docs)),
+                                    dtype=bool, count=n_docs)
+                if len(self._filter_cache) > 64:
+                    self._filter_cache.clear()
+                self._filter_cache[key] = fmask
+            mask = fmask.copy() if mask is None else (mask & fmask)
+        self._allowed[si] = mask
+        return mask

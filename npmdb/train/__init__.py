@@ -1,0 +1,1 @@
+"""Training npmdb's encoder with NPM's objective (span masking + contrastive losses)."""

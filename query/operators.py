@@ -1,0 +1,556 @@
+"""Physical operators of a span-query plan.
+
+Every operator is a frozen dataclass of its parameters with ``run(state)``; the executor
+(:mod:`npmdb.query.plan`) runs a plan's operators bottom-up over one :class:`ExecState`
+and records rows and milliseconds per operator. Operators read storage only through the
+:class:`~npmdb.snapshot.Snapshot` in the state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from npmdb.boundaries import VALID_END, VALID_START, fold
+from npmdb.storage.bm25 import analyze
+
+from . import scoring as S
+
+__all__ = [
+    "ExecState", "Operator", "EncodeQuery", "DenseTopK", "ExactTopK", "BM25Blocks",
+    "BlockTokens", "AssembleSpans", "ScoreSpans", "ScoreTokens", "Aggregate", "ClassifyLabels",
+    "FilterAnswers", "OrderBy", "Limit", "AttachEvidence", "Group", "Occurrence",
+]
+
+SIDE_FLAGS = {"start": VALID_START, "end": VALID_END, "token": VALID_START | VALID_END}
+
+
+@dataclass
+class Occurrence:
+    seg: int      # index into the snapshot's segments
+    start: int    # first token (position in the segment)
+    end: int      # last token (inclusive)
+    score: float
+
+
+@dataclass
+class Group:
+    """One answer under construction: its key, surface text and occurrences."""
+
+    key: Any
+    text: str
+    score: float = 0.0
+    n_tokens: int = 0
+    occurrences: list[Occurrence] = field(default_factory=list)
+    evidence: list = field(default_factory=list)
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def support(self) -> int:
+        return len(self.occurrences)
+
+
+@dataclass
+class ExecState:
+    snapshot: Any
+    text: str
+    qv: Any = None
+    # candidates per segment index: positions (int64) and approximate scores
+    cands: dict[str, dict[int, np.ndarray]] = field(
+        default_factory=lambda: {"start": {}, "end": {}, "token": {}})
+    blocks: list[tuple[int, int, float]] = field(default_factory=list)
+    # spans (phrase mode) or tokens (token mode): parallel arrays over all segments
+    seg: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    s: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    e: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    sim_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    sim_e: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    score: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    groups: list[Group] = field(default_factory=list)
+    info: dict = field(default_factory=dict)
+
+
+class Operator:
+    """Base: ``name``, ``children``, ``detail()`` for EXPLAIN, ``run(state) -> rows``."""
+
+    children: tuple["Operator", ...] = ()
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    def detail(self) -> str:
+        return ""
+
+    def run(self, st: ExecState) -> int:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+def _fmt(**kw) -> str:
+    return ", ".join(f"{k}={v}" for k, v in kw.items())
+
+
+# -- query encoding -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EncodeQuery(Operator):
+    mode: str
+    children: tuple = ()
+
+    def detail(self) -> str:
+        return _fmt(mode=self.mode)
+
+    def run(self, st: ExecState) -> int:
+        st.qv = st.snapshot.encoder().encode_query(st.text, self.mode)
+        return 2 if self.mode == "phrase" else 1
+
+
+def _query_vector(st: ExecState, side: str) -> np.ndarray:
+    qv = st.qv
+    return {"start": qv.start, "end": qv.end, "token": qv.token}[side]
+
+
+# -- candidate retrieval ------------------------------------------------------------------
+
+
+def _merge_topk(st: ExecState, side: str, found: list[tuple[int, np.ndarray, np.ndarray]],
+                k: int) -> int:
+    """Keep the global top ``k`` over all segments; store per segment (union with existing)."""
+    if not found:
+        return 0
+    segs = np.concatenate([np.full(len(p), si, np.int64) for si, p, _ in found])
+    pos = np.concatenate([p for _, p, _ in found])
+    sc = np.concatenate([s for _, _, s in found])
+    if len(sc) > k:
+        keep = np.argpartition(-sc, k - 1)[:k]
+        segs, pos = segs[keep], pos[keep]
+    for si in np.unique(segs):
+        p = pos[segs == si]
+        prev = st.cands[side].get(int(si))
+        st.cands[side][int(si)] = p if prev is None else np.union1d(prev, p)
+    return int(len(pos))
+
+
+@dataclass(frozen=True)
+class DenseTopK(Operator):
+    """Top ``k`` valid starts (or ends, or tokens) from the ANN index of every segment."""
+
+    side: str
+    k: int
+    children: tuple = ()
+
+    def detail(self) -> str:
+        return _fmt(side=self.side, k=self.k, index="ann")
+
+    def run(self, st: ExecState) -> int:
+        snap = st.snapshot
+        q = _query_vector(st, self.side)
+        sides = ("start", "end") if self.side == "token" else (self.side,)
+        found = []
+        for si, seg in enumerate(snap.segments):
+            allowed = snap.allowed_docs(si)
+            for side in sides:
+                idx = seg.dense(snap.generation, side)
+                want = self.k
+                while True:
+                    labels, scores = idx.search(q, want)
+                    if allowed is not None and len(labels):
+                        keep = allowed[seg.columns().doc_of(labels)]
+                        labels, scores = labels[keep], scores[keep]
+                    # oversample until k live candidates are found or the index is exhausted
+                    if len(labels) >= self.k or want >= len(idx):
+                        break
+                    want = min(len(idx), want * 4)
+                found.append((si, labels[: self.k], scores[: self.k]))
+        return _merge_topk(st, self.side, found, self.k)
+
+
+@dataclass(frozen=True)
+class ExactTopK(Operator):
+    """Top ``k`` by an exact scan over every stored vector (the test oracle's twin)."""
+
+    side: str
+    k: int
+    children: tuple = ()
+
+    def detail(self) -> str:
+        return _fmt(side=self.side, k=self.k, index="exact scan")
+
+    def run(self, st: ExecState) -> int:
+        snap = st.snapshot
+        q = _query_vector(st, self.side)
+        found = []
+        for si, seg in enumerate(snap.segments):
+            cols = seg.columns(snap.txn)
+            mask = (cols.flags & SIDE_FLAGS[self.side]) != 0
+            allowed = snap.allowed_docs(si)
+            if allowed is not None:
+                mask &= allowed[cols.doc_of(np.arange(cols.n_tokens))]
+            pos, sc = seg.scan(snap.txn, snap.generation, q, mask, self.k)
+            found.append((si, pos, sc))
+        return _merge_topk(st, self.side, found, self.k)
+
+
+@dataclass(frozen=True)
+class BM25Blocks(Operator):
+    """Top ``n`` blocks by BM25 for the query with the mask blanked (NPM's restricted mode)."""
+
+    n: int
+    children: tuple = ()
+
+    def detail(self) -> str:
+        return _fmt(blocks=self.n)
+
+    def run(self, st: ExecState) -> int:
+        from npmdb.encoder import MASK_PATTERN
+
+        snap = st.snapshot
+        terms = analyze(MASK_PATTERN.sub(" ", st.text))
+        hits = []
+        for si, seg in enumerate(snap.segments):
+            allowed = snap.allowed_docs(si)
+            docs = None if allowed is None else np.flatnonzero(allowed)
+            if docs is not None and len(docs) == 0:
+                continue
+            for block, _doc, score in seg.bm25().search(terms, self.n, docs=docs):
+                hits.append((si, block, score))
+        hits.sort(key=lambda h: (-h[2], h[0], h[1]))
+        st.blocks = hits[: self.n]
+        return len(st.blocks)
+
+
+@dataclass(frozen=True)
+class BlockTokens(Operator):
+    """Every token of the retrieved blocks becomes a candidate (scored exactly later)."""
+
+    mode: str
+    children: tuple = ()
+
+    def detail(self) -> str:
+        return _fmt(mode=self.mode)
+
+    def run(self, st: ExecState) -> int:
+        n = 0
+        for si, block, _ in st.blocks:
+            cols = st.snapshot.segments[si].columns()
+            pos = np.arange(cols.block_ptr[block], cols.block_ptr[block + 1], dtype=np.int64)
+            sides = ("token",) if self.mode == "token" else ("start", "end")
+            for side in sides:
+                sel = pos[(cols.flags[pos] & SIDE_FLAGS[side]) != 0]
+                prev = st.cands[side].get(si)
+                st.cands[side][si] = sel if prev is None else np.union1d(prev, sel)
+            n += len(pos)
+        return n
+
+
+# -- phrase assembly and scoring ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AssembleSpans(Operator):
+    max_len: int
+    clean_edges: bool = True
+    no_stopwords: bool = False
+    children: tuple = ()
+
+    def detail(self) -> str:
+        return _fmt(max_len=self.max_len, clean_edges=self.clean_edges,
+                    no_stopwords=self.no_stopwords)
+
+    def run(self, st: ExecState) -> int:
+        segs, ss, es = [], [], []
+        for si in sorted(set(st.cands["start"]) | set(st.cands["end"])):
+            cols = st.snapshot.segments[si].columns()
+            starts = st.cands["start"].get(si, np.zeros(0, np.int64))
+            ends = st.cands["end"].get(si, np.zeros(0, np.int64))
+            both = np.concatenate([starts, ends]).astype(np.int64)
+            spans = S.assemble_spans(starts, ends, cols.flags, cols.block_start(both),
+                                     cols.block_end(both), max_len=self.max_len,
+                                     clean_edges=self.clean_edges, no_stopwords=self.no_stopwords)
+            segs.append(np.full(len(spans), si, np.int64))
+            ss.append(spans[:, 0])
+            es.append(spans[:, 1])
+        if segs:
+            st.seg, st.s, st.e = np.concatenate(segs), np.concatenate(ss), np.concatenate(es)
+        return int(len(st.s))
+
+
+def _exact_sims(st: ExecState, seg: np.ndarray, pos: np.ndarray, q: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Exact ``sim(q, E(c))`` for unique (seg, pos) pairs; returns (inverse ids, sims)."""
+    snap = st.snapshot
+    key = seg * (1 << 40) + pos
+    uniq, inv = np.unique(key, return_inverse=True)
+    useg, upos = uniq >> 40, uniq & ((1 << 40) - 1)
+    sims = np.empty(len(uniq), dtype=np.float64)
+    scale = 1.0 / np.sqrt(len(q))
+    for si in np.unique(useg):
+        m = useg == si
+        vecs = snap.segments[int(si)].vectors(snap.txn, snap.generation, upos[m])
+        sims[m] = (vecs @ q) * scale
+    return inv, sims
+
+
+@dataclass(frozen=True)
+class ScoreSpans(Operator):
+    """Exact similarities for every start in S and end in E, then NPM's span score."""
+
+    tau: float
+    scoring: str = "npm"
+    children: tuple = ()
+
+    def detail(self) -> str:
+        return _fmt(tau=self.tau, scoring=self.scoring)
+
+    def run(self, st: ExecState) -> int:
+        inv_s, sims_s = _exact_sims(st, st.seg, st.s, st.qv.start)
+        inv_e, sims_e = _exact_sims(st, st.seg, st.e, st.qv.end)
+        st.sim_s, st.sim_e = sims_s[inv_s], sims_e[inv_e]
+        st.score, _, _ = S.span_scores(inv_s, inv_e, sims_s, sims_e, tau=self.tau,
+                                       scoring=self.scoring)
+        st.info["unique_starts"], st.info["unique_ends"] = len(sims_s), len(sims_e)
+        return int(len(st.score))
+
+
+@dataclass(frozen=True)
+class ScoreTokens(Operator):
+    """Token mode: exact ``sim(q, c)`` for every candidate token, softmax over them."""
+
+    tau: float
+    children: tuple = ()
+
+    def detail(self) -> str:
+        return _fmt(tau=self.tau)
+
+    def run(self, st: ExecState) -> int:
+        segs, poss = [], []
+        for si, p in sorted(st.cands["token"].items()):
+            segs.append(np.full(len(p), si, np.int64))
+            poss.append(p)
+        if not segs:
+            return 0
+        st.seg, st.s = np.concatenate(segs), np.concatenate(poss)
+        st.e = st.s.copy()
+        inv, sims = _exact_sims(st, st.seg, st.s, st.qv.token)
+        st.sim_s = sims[inv]
+        st.score = S.softmax(st.sim_s, self.tau)
+        return int(len(st.score))
+
+
+# -- aggregation ----------------------------------------------------------------------------
+
+
+def surface(st: ExecState, si: int, s: int, e: int) -> tuple[str, Any]:
+    """The occurrence's text sliced from its document, and the document."""
+    snap = st.snapshot
+    seg = snap.segments[si]
+    cols = seg.columns()
+    doc = seg.doc(snap.txn, int(cols.doc_of(np.asarray([s]))[0]))
+    return doc.text[cols.offsets[s, 0]:cols.offsets[e, 1]], doc
+
+
+def _word_bounds(cols, s: int, e: int) -> tuple[int, int]:
+    from npmdb.boundaries import WORD_END, WORD_START
+
+    lo = int(cols.block_start(np.asarray([s]))[0])
+    hi = int(cols.block_end(np.asarray([e]))[0]) - 1
+    while s > lo and not cols.flags[s] & WORD_START:
+        s -= 1
+    while e < hi and not cols.flags[e] & WORD_END:
+        e += 1
+    return s, e
+
+
+@dataclass(frozen=True)
+class Aggregate(Operator):
+    """Group occurrences into answers; answer score = sum of scores * n_tokens ** alpha."""
+
+    group_by: str = "phrase"
+    alpha: float = 0.0
+    children: tuple = ()
+
+    def detail(self) -> str:
+        return _fmt(group_by=self.group_by, alpha=self.alpha)
+
+    def run(self, st: ExecState) -> int:
+        groups: dict[Any, Group] = {}
+        snap = st.snapshot
+        best_surface: dict[Any, tuple[float, str]] = {}
+        for i in range(len(st.score)):
+            si, s, e, sc = int(st.seg[i]), int(st.s[i]), int(st.e[i]), float(st.score[i])
+            cols = snap.segments[si].columns()
+            if self.group_by == "word":
+                s, e = _word_bounds(cols, s, e)
+            text, doc = surface(st, si, s, e)
+            if self.group_by in ("phrase", "word"):
+                key = fold(text)
+            elif self.group_by == "tokens":
+                key = tuple(int(t) for t in cols.tokens[s:e + 1])
+            else:  # document
+                key = (si, doc.local)
+            g = groups.get(key)
+            if g is None:
+                g = groups[key] = Group(key, text, n_tokens=e - s + 1)
+                if self.group_by == "document":
+                    g.text = doc.id
+            g.score += sc
+            g.occurrences.append(Occurrence(si, s, e, sc))
+            if self.group_by != "document":
+                prev = best_surface.get(key)
+                if prev is None or sc > prev[0]:
+                    best_surface[key] = (sc, text)
+        for key, g in groups.items():
+            if key in best_surface:
+                g.text = best_surface[key][1]
+            if self.alpha:
+                g.score *= float(g.n_tokens) ** self.alpha
+        st.groups = list(groups.values())
+        return len(st.groups)
+
+
+@dataclass(frozen=True)
+class ClassifyLabels(Operator):
+    """score(label) = sum over candidates whose text is a label word of
+    exp(sim_s/tau + sim_e/tau) (phrase) or exp(sim/tau) (token)."""
+
+    labels: tuple[tuple[str, tuple[str, ...]], ...]
+    tau: float
+    mode: str = "phrase"
+    children: tuple = ()
+
+    def detail(self) -> str:
+        return _fmt(labels="{" + ", ".join(f"{l}: {list(w)}" for l, w in self.labels) + "}",
+                    tau=self.tau)
+
+    def run(self, st: ExecState) -> int:
+        word_to_labels: dict[str, list[str]] = {}
+        for label, words in self.labels:
+            for w in words:
+                word_to_labels.setdefault(fold(w), []).append(label)
+        logits = S.label_logits(st.sim_s, st.sim_e if self.mode == "phrase" else None, self.tau)
+        per_label: dict[str, list[tuple[float, Occurrence]]] = {l: [] for l, _ in self.labels}
+        for i in range(len(logits)):
+            si, s, e = int(st.seg[i]), int(st.s[i]), int(st.e[i])
+            cols = st.snapshot.segments[si].columns()
+            if not (cols.offsets[e, 1] - cols.offsets[s, 0]) <= 64:
+                continue
+            text, _ = surface(st, si, s, e)
+            for label in word_to_labels.get(fold(text), ()):
+                per_label[label].append((float(logits[i]), Occurrence(si, s, e, float(logits[i]))))
+        groups = []
+        for label, _ in self.labels:
+            items = per_label[label]
+            if items:
+                z = np.array([x for x, _ in items])
+                m = z.max()
+                log_score = float(m + np.log(np.exp(z - m).sum()))
+                score = float(np.exp(log_score)) if log_score < 700 else float("inf")
+            else:
+                log_score, score = float("-inf"), 0.0
+            g = Group(label, label, score=score, occurrences=[o for _, o in items])
+            g.extra["log_score"] = log_score
+            groups.append(g)
+        st.groups = groups
+        return len(groups)
+
+
+# -- relational tail ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FilterAnswers(Operator):
+    describe: str
+    predicate: Callable[[Group], bool] = field(compare=False, repr=False)
+    children: tuple = ()
+
+    def detail(self) -> str:
+        return self.describe
+
+    def run(self, st: ExecState) -> int:
+        st.groups = [g for g in st.groups if self.predicate(g)]
+        return len(st.groups)
+
+
+@dataclass(frozen=True)
+class OrderBy(Operator):
+    keys: tuple[tuple[str, bool], ...] = (("score", True),)  # (column, descending)
+    children: tuple = ()
+
+    def detail(self) -> str:
+        return ", ".join(f"{k} {'DESC' if d else 'ASC'}" for k, d in self.keys)
+
+    def run(self, st: ExecState) -> int:
+        for col, desc in reversed(self.keys):
+            st.groups.sort(key=lambda g: _sort_value(g, col), reverse=desc)
+        return len(st.groups)
+
+
+def _sort_value(g: Group, col: str):
+    if col == "score":
+        return g.score
+    if col == "support":
+        return g.support
+    if col in ("phrase", "label", "text"):
+        return fold(g.text)
+    if col in ("length", "tokens"):
+        return g.n_tokens
+    return g.extra.get(col, 0)
+
+
+@dataclass(frozen=True)
+class Limit(Operator):
+    n: int
+    offset: int = 0
+    children: tuple = ()
+
+    def detail(self) -> str:
+        return _fmt(limit=self.n, offset=self.offset) if self.n else _fmt(offset=self.offset)
+
+    def run(self, st: ExecState) -> int:
+        end = self.offset + self.n if self.n else None
+        st.groups = st.groups[self.offset:end]
+        return len(st.groups)
+
+
+@dataclass(frozen=True)
+class AttachEvidence(Operator):
+    """For each answer: its best ``n`` occurrences as (doc id, title, offsets, snippet)."""
+
+    n: int
+    children: tuple = ()
+
+    def detail(self) -> str:
+        return _fmt(per_answer=self.n)
+
+    def run(self, st: ExecState) -> int:
+        from npmdb.result import Evidence
+
+        count = 0
+        for g in st.groups:
+            occs = sorted(g.occurrences, key=lambda o: -o.score)[: self.n]
+            g.evidence = []
+            for o in occs:
+                cols = st.snapshot.segments[o.seg].columns()
+                _, doc = surface(st, o.seg, o.start, o.end)
+                a, b = int(cols.offsets[o.start, 0]), int(cols.offsets[o.end, 1])
+                g.evidence.append(Evidence(doc.id, doc.title, "text", a, b, snippet(doc.text, a, b),
+                                           o.score))
+                count += 1
+        return count
+
+
+def snippet(text: str, a: int, b: int, width: int = 80) -> str:
+    """Context around ``text[a:b]``, cut at white space, with the occurrence in ⟦ ⟧-free form."""
+    lo = max(0, a - width)
+    hi = min(len(text), b + width)
+    if lo > 0:
+        sp = text.find(" ", lo, a)
+        lo = sp + 1 if sp != -1 else lo
+    if hi < len(text):
+        sp = text.rfind(" ", b, hi)
+        hi = sp if sp != -1 else hi
+    out = text[lo:hi].replace("\n", " ")
+    return ("…" if lo > 0 else "") + out + ("…" if hi < len(text) else "")

@@ -1,0 +1,65 @@
+"""From a query spec to a physical plan (``fill_mask``, ``classify`` and SQL share it).
+
+    Limit → OrderBy → [FilterAnswers] → Aggregate|ClassifyLabels → ScoreSpans|ScoreTokens
+      → AssembleSpans → retrieval (DenseTopK×2 | ExactTopK×2 | BM25Blocks→BlockTokens) → EncodeQuery
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .operators import (
+    Aggregate, AssembleSpans, AttachEvidence, BlockTokens, BM25Blocks, ClassifyLabels,
+    DenseTopK, EncodeQuery, ExactTopK, FilterAnswers, Limit, Operator, OrderBy, ScoreSpans,
+    ScoreTokens,
+)
+from .plan import Plan
+from .spec import ClassifySpec, MaskedSpec
+
+__all__ = ["plan_masked", "plan_classify"]
+
+
+def _retrieval(spec, sides: tuple[str, ...]) -> Operator:
+    enc = EncodeQuery(spec.mode)
+    dense: list[Operator] = []
+    if spec.retrieval in ("dense", "hybrid"):
+        cls = ExactTopK if spec.exact else DenseTopK
+        dense = [cls(side, spec.k, children=(enc,)) for side in sides]
+    lexical: list[Operator] = []
+    if spec.retrieval in ("bm25", "hybrid"):
+        lexical = [BlockTokens(spec.mode, children=(BM25Blocks(spec.blocks),))]
+        if not dense:
+            lexical = [BlockTokens(spec.mode, children=(BM25Blocks(spec.blocks), enc))]
+    return tuple(dense + lexical)  # type: ignore[return-value]
+
+
+def _candidates(spec) -> Operator:
+    if spec.mode == "phrase":
+        return ScoreSpans(getattr(spec, "tau", 1.0), getattr(spec, "scoring", "npm"), children=(
+            AssembleSpans(spec.max_len, spec.clean_edges, getattr(spec, "no_stopwords", False),
+                          children=_retrieval(spec, ("start", "end"))),))
+    return ScoreTokens(spec.tau, children=_retrieval(spec, ("token",)))
+
+
+def plan_masked(spec: MaskedSpec, *, answer_filter: tuple[str, Callable] | None = None,
+                order: tuple[tuple[str, bool], ...] = (("score", True),)) -> Plan:
+    op: Operator = Aggregate("word" if spec.mode == "token" and spec.group_by == "word"
+                             else spec.group_by, spec.alpha, children=(_candidates(spec),))
+    if answer_filter is not None:
+        op = FilterAnswers(answer_filter[0], answer_filter[1], children=(op,))
+    op = OrderBy(order, children=(op,))
+    op = Limit(spec.top, spec.offset, children=(op,))
+    if spec.evidence:
+        op = AttachEvidence(spec.evidence, children=(op,))
+    return Plan(op, kind="masked")
+
+
+def plan_classify(spec: ClassifySpec, *, order: tuple[tuple[str, bool], ...] = (("score", True),)
+                  ) -> Plan:
+    op: Operator = ClassifyLabels(spec.labels, spec.tau, spec.mode, children=(_candidates(spec),))
+    op = OrderBy(order, children=(op,))
+    if spec.top or spec.offset:
+        op = Limit(spec.top, spec.offset, children=(op,))
+    if spec.evidence:
+        op = AttachEvidence(spec.evidence, children=(op,))
+    return Plan(op, kind="classify")

@@ -1,0 +1,108 @@
+"""NPM scoring and aggregation as pure numpy functions (DESIGN.md section 1).
+
+Nothing here knows about LMDB or indexes: inputs are arrays of positions, flags and
+similarities; outputs are arrays of scores and group ids.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from npmdb.boundaries import STOPWORD, VALID_END, VALID_START, WORD_END, WORD_START
+
+__all__ = ["softmax", "assemble_spans", "span_scores", "label_logits", "group_keys"]
+
+
+def softmax(x: np.ndarray, tau: float) -> np.ndarray:
+    """``softmax(x / tau)`` in float64."""
+    if len(x) == 0:
+        return np.zeros(0, dtype=np.float64)
+    z = np.asarray(x, dtype=np.float64) / tau
+    z -= z.max()
+    e = np.exp(z)
+    return e / e.sum()
+
+
+def assemble_spans(starts: np.ndarray, ends: np.ndarray, flags: np.ndarray,
+                   block_start: np.ndarray, block_end: np.ndarray, *, max_len: int,
+                   clean_edges: bool = True, no_stopwords: bool = False) -> np.ndarray:
+    """Candidate spans ``(s, e)`` (inclusive token positions) of one segment.
+
+    From each candidate start, spans going forward up to ``max_len`` tokens that end at a
+    valid end; from each candidate end, spans going backward likewise; the union, sorted.
+    ``block_start``/``block_end`` give each candidate's block bounds (``[start, end)``),
+    aligned with ``starts`` then ``ends``: arrays of length ``len(starts) + len(ends)``.
+    """
+    ok_start = (flags & (VALID_START if clean_edges else WORD_START)) != 0
+    ok_end = (flags & (VALID_END if clean_edges else WORD_END)) != 0
+    steps = np.arange(max_len, dtype=np.int64)
+    ns = len(starts)
+    parts = []
+    if ns:
+        s = np.asarray(starts, dtype=np.int64)
+        s = s[ok_start[s]]
+        bend = np.asarray(block_end[:ns], dtype=np.int64)[ok_start[np.asarray(starts, dtype=np.int64)]]
+        e = s[:, None] + steps[None, :]
+        keep = e < bend[:, None]
+        e_c = np.where(keep, e, 0)
+        keep &= ok_end[e_c]
+        ss = np.broadcast_to(s[:, None], e.shape)
+        parts.append(np.stack([ss[keep], e[keep]], axis=1))
+    if len(ends):
+        e0 = np.asarray(ends, dtype=np.int64)
+        valid = ok_end[e0]
+        e0 = e0[valid]
+        bstart = np.asarray(block_start[ns:], dtype=np.int64)[valid]
+        s = e0[:, None] - steps[None, :]
+        keep = s >= bstart[:, None]
+        s_c = np.where(keep, s, 0)
+        keep &= ok_start[s_c]
+        ee = np.broadcast_to(e0[:, None], s.shape)
+        parts.append(np.stack([s[keep], ee[keep]], axis=1))
+    if not parts:
+        return np.zeros((0, 2), dtype=np.int64)
+    spans = np.concatenate(parts)
+    if len(spans) == 0:
+        return spans.reshape(0, 2)
+    spans = np.unique(spans, axis=0)
+    if no_stopwords:
+        stop = (flags & STOPWORD) != 0
+        csum = np.concatenate([[0], np.cumsum(stop)])
+        spans = spans[(csum[spans[:, 1] + 1] - csum[spans[:, 0]]) == 0]
+    return spans
+
+
+def span_scores(start_ids: np.ndarray, end_ids: np.ndarray, sim_start: np.ndarray,
+                sim_end: np.ndarray, *, tau: float, scoring: str = "npm"
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Scores of spans whose start/end are ``start_ids``/``end_ids`` into the unique start
+    set S (similarities ``sim_start``) and end set E (``sim_end``).
+
+    ``npm``: ``P_s[s] + P_e[e]`` with ``P = softmax(sim / tau)`` over S and over E.
+    ``raw`` (DensePhrases): ``sim_s + sim_e``. Returns (scores, P_s, P_e).
+    """
+    if scoring == "npm":
+        ps, pe = softmax(sim_start, tau), softmax(sim_end, tau)
+        return ps[start_ids] + pe[end_ids], ps, pe
+    if scoring == "raw":
+        ss = np.asarray(sim_start, np.float64)
+        se = np.asarray(sim_end, np.float64)
+        return ss[start_ids] + se[end_ids], ss, se
+    raise ValueError(scoring)
+
+
+def label_logits(sim_start: np.ndarray, sim_end: np.ndarray | None, tau: float) -> np.ndarray:
+    """Per-candidate log-weights for closed-set classification (DESIGN.md section 1):
+    ``sim(q_s, s)/tau + sim(q_e, e)/tau`` in phrase mode, ``sim(q, c)/tau`` in token mode."""
+    z = np.asarray(sim_start, np.float64) / tau
+    if sim_end is not None:
+        z = z + np.asarray(sim_end, np.float64) / tau
+    return z
+
+
+def group_keys(keys: list) -> tuple[np.ndarray, list]:
+    """Dense group ids for ``keys`` (first-seen order) and the distinct keys."""
+    index: dict = {}
+    ids = np.fromiter((index.setdefault(k, len(index)) for k in keys), dtype=np.int64,
+                      count=len(keys))
+    return ids, list(index)

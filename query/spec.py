@@ -1,0 +1,141 @@
+"""What a masked-span or classification query asks for: validated, frozen option sets.
+
+``Database.fill_mask``/``classify`` and the SQL planner both build one of these, and the
+planner turns it into the same physical plan.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Mapping
+
+from npmdb.errors import ProgrammingError
+
+__all__ = ["MaskedSpec", "ClassifySpec", "DocFilter", "check_options"]
+
+MODES = ("phrase", "token")
+RETRIEVALS = ("dense", "bm25", "hybrid")
+SCORINGS = ("npm", "raw")
+GROUPS = ("phrase", "tokens", "document", "word")
+
+
+@dataclass(frozen=True)
+class DocFilter:
+    """Restricts retrieval to documents: by id, by title, or by a predicate on the stored
+    document (id, title, meta). ``describe`` is what EXPLAIN prints."""
+
+    describe: str
+    predicate: Any = field(compare=False, repr=False)  # Callable[[StoredDoc], bool]
+
+
+@dataclass(frozen=True)
+class MaskedSpec:
+    text: str
+    top: int = 5
+    k: int = 1024
+    mode: str = "phrase"
+    retrieval: str = "dense"
+    blocks: int = 3
+    max_len: int = 10
+    tau: float = 1.0
+    alpha: float = 0.0
+    exact: bool = False
+    scoring: str = "npm"
+    group_by: str = "phrase"
+    clean_edges: bool = True
+    no_stopwords: bool = False
+    evidence: int = 3
+    offset: int = 0
+    version: int | str | None = None
+    doc_filter: DocFilter | None = None
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+
+@dataclass(frozen=True)
+class ClassifySpec:
+    text: str
+    labels: tuple[tuple[str, tuple[str, ...]], ...]
+    k: int = 1024
+    mode: str = "phrase"
+    retrieval: str = "dense"
+    blocks: int = 3
+    max_len: int = 10
+    tau: float = 5.0
+    exact: bool = False
+    clean_edges: bool = True
+    evidence: int = 3
+    version: int | str | None = None
+    doc_filter: DocFilter | None = None
+    top: int = 0  # 0 = every label
+    offset: int = 0
+
+    def __post_init__(self) -> None:
+        _validate(self)
+        if not self.labels:
+            raise ProgrammingError("classify needs at least one label, e.g. "
+                                   "{'positive': ['great'], 'negative': ['terrible']}")
+        for label, words in self.labels:
+            if not isinstance(label, str) or not label:
+                raise ProgrammingError(f"label names must be non-empty strings, not {label!r}")
+            if not words or not all(isinstance(w, str) and w.strip() for w in words):
+                raise ProgrammingError(f"label {label!r} needs one or more non-empty words")
+
+
+def _validate(spec) -> None:
+    if not isinstance(spec.text, str):
+        raise ProgrammingError(f"the query must be a string, not {type(spec.text).__name__}")
+    _int(spec, "k", 1)
+    _int(spec, "blocks", 1)
+    _int(spec, "max_len", 1, 64)
+    _int(spec, "top", 0)
+    _int(spec, "offset", 0)
+    _int(spec, "evidence", 0)
+    for name in ("tau",):
+        v = getattr(spec, name)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+            raise ProgrammingError(f"{name} must be a positive number, got {v!r}")
+    if hasattr(spec, "alpha"):
+        if isinstance(spec.alpha, bool) or not isinstance(spec.alpha, (int, float)):
+            raise ProgrammingError(f"alpha must be a number, got {spec.alpha!r}")
+    _choice(spec, "mode", MODES)
+    _choice(spec, "retrieval", RETRIEVALS)
+    if hasattr(spec, "scoring"):
+        _choice(spec, "scoring", SCORINGS)
+        _choice(spec, "group_by", GROUPS)
+    for name in ("exact", "clean_edges"):
+        if not isinstance(getattr(spec, name), bool):
+            raise ProgrammingError(f"{name} must be True or False, got {getattr(spec, name)!r}")
+
+
+def _int(spec, name: str, lo: int, hi: int | None = None) -> None:
+    v = getattr(spec, name)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ProgrammingError(f"{name} must be an integer, got {v!r}")
+    if v < lo or (hi is not None and v > hi):
+        rng = f">= {lo}" if hi is None else f"between {lo} and {hi}"
+        raise ProgrammingError(f"{name} must be {rng}, got {v}")
+
+
+def _choice(spec, name: str, choices: tuple[str, ...]) -> None:
+    v = getattr(spec, name)
+    if v not in choices:
+        close = difflib.get_close_matches(str(v), choices, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ProgrammingError(f"{name} must be one of {', '.join(choices)}, got {v!r}{hint}")
+
+
+def check_options(cls, options: Mapping[str, Any]) -> None:
+    """Unknown keyword options get a clear error with a suggestion."""
+    known = {f.name for f in fields(cls)} - {"text", "labels"}
+    for name in options:
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(sorted(known))}"
+            raise ProgrammingError(f"unknown option {name!r}{hint}")
+
+
+def with_options(spec, **changes):
+    return replace(spec, **changes)

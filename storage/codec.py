@@ -1,0 +1,179 @@
+"""Keys, msgpack values, numpy array values (with a CRC32) and vector codecs."""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import msgpack
+import numpy as np
+
+from npmdb.errors import DataError, OperationalError
+
+__all__ = [
+    "u32", "u64", "read_u32", "read_u64", "doc_key", "docid_key", "docid_prefix", "col_key",
+    "vec_key", "pack", "unpack", "pack_array", "unpack_array", "VectorCodec", "Float16Codec",
+    "Int8Codec", "get_codec", "CODECS",
+]
+
+# -- keys (big-endian so LMDB's byte order is numeric order) ------------------------------
+
+
+def u32(x: int) -> bytes:
+    return struct.pack(">I", x)
+
+
+def u64(x: int) -> bytes:
+    return struct.pack(">Q", x)
+
+
+def read_u32(b: bytes, at: int = 0) -> int:
+    return struct.unpack_from(">I", b, at)[0]
+
+
+def read_u64(b: bytes, at: int = 0) -> int:
+    return struct.unpack_from(">Q", b, at)[0]
+
+
+def doc_key(seg: int, local: int) -> bytes:
+    return u32(seg) + u32(local)
+
+
+def docid_prefix(doc_id: str) -> bytes:
+    return hashlib.blake2b(doc_id.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+def docid_key(doc_id: str, seg: int) -> bytes:
+    return docid_prefix(doc_id) + u32(seg)
+
+
+def col_key(seg: int, name: str) -> bytes:
+    return u32(seg) + name.encode()
+
+
+def vec_key(gen: int, seg: int, chunk: int) -> bytes:
+    return u32(gen) + u32(seg) + u32(chunk)
+
+
+# -- msgpack values -----------------------------------------------------------------------
+
+
+def pack(obj: Any) -> bytes:
+    try:
+        return msgpack.packb(obj, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise DataError(f"value cannot be stored (msgpack): {exc}") from exc
+
+
+def unpack(data: bytes | memoryview) -> Any:
+    return msgpack.unpackb(data, raw=False, strict_map_key=False)
+
+
+# -- numpy arrays: 16-byte aligned header, CRC32 of the payload -----------------------------
+
+_MAGIC = b"NA"
+_DTYPES = {0: np.dtype("<f2"), 1: np.dtype("<f4"), 2: np.dtype("<i4"), 3: np.dtype("<i8"),
+           4: np.dtype("u1"), 5: np.dtype("i1")}
+_CODES = {v: k for k, v in _DTYPES.items()}
+
+
+def pack_array(a: np.ndarray) -> bytes:
+    a = np.ascontiguousarray(a)
+    dt = a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype
+    code = _CODES[np.dtype(dt)]
+    payload = a.astype(dt, copy=False).tobytes()
+    head = struct.pack("<2sBBI", _MAGIC, code, a.ndim, zlib.crc32(payload))
+    head += struct.pack(f"<{a.ndim}Q", *a.shape)
+    head += b"\0" * (-len(head) % 16)
+    return head + payload
+
+
+def unpack_array(buf: bytes | memoryview, *, verify: bool = False, what: str = "array"
+                 ) -> np.ndarray:
+    """Decode :func:`pack_array` output; zero-copy over ``buf`` (a read-only view)."""
+    if len(buf) < 8 or bytes(buf[:2]) != _MAGIC:
+        raise OperationalError(f"corrupt {what}: bad header (run `npmdb check`)")
+    _, code, ndim, crc = struct.unpack_from("<2sBBI", buf, 0)
+    shape = struct.unpack_from(f"<{ndim}Q", buf, 8)
+    hlen = 8 + 8 * ndim
+    hlen += -hlen % 16
+    dtype = _DTYPES.get(code)
+    if dtype is None:
+        raise OperationalError(f"corrupt {what}: unknown dtype code {code}")
+    n = int(np.prod(shape)) if ndim else 1
+    if len(buf) != hlen + n * dtype.itemsize:
+        raise OperationalError(f"corrupt {what}: {len(buf)} bytes, expected "
+                               f"{hlen + n * dtype.itemsize}")
+    arr = np.frombuffer(buf, dtype=dtype, count=n, offset=hlen).reshape(shape)
+    if verify and zlib.crc32(memoryview(buf)[hlen:]) != crc:
+        raise OperationalError(f"corrupt {what}: checksum mismatch (the file was damaged); "
+                               "restore from a backup or re-add the affected documents")
+    return arr
+
+
+# -- vector codecs -----------------------------------------------------------------------
+
+
+class VectorCodec(Protocol):
+    """How token vectors are stored: ``encode`` float32 rows, ``decode`` stored rows."""
+
+    name: str
+
+    def encode(self, x: np.ndarray) -> np.ndarray: ...
+
+    def decode(self, stored: np.ndarray) -> np.ndarray: ...
+
+    def bytes_per_vector(self, dim: int) -> int: ...
+
+
+@dataclass(frozen=True)
+class Float16Codec:
+    name: str = "float16"
+
+    def encode(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(x, dtype=np.float32).astype(np.float16)
+
+    def decode(self, stored: np.ndarray) -> np.ndarray:
+        return stored.astype(np.float32)
+
+    def bytes_per_vector(self, dim: int) -> int:
+        return 2 * dim
+
+
+@dataclass(frozen=True)
+class Int8Codec:
+    """Symmetric per-vector int8: ``dim`` bytes of codes + a float32 scale (``dim + 4``)."""
+
+    name: str = "int8"
+
+    def encode(self, x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float32)
+        scale = np.abs(x).max(axis=1, keepdims=True) / 127.0
+        scale[scale == 0] = 1.0
+        codes = np.clip(np.rint(x / scale), -127, 127).astype(np.int8)
+        out = np.empty((x.shape[0], x.shape[1] + 4), dtype=np.uint8)
+        out[:, :-4] = codes.view(np.uint8)
+        out[:, -4:] = scale.astype("<f4").view(np.uint8)
+        return out
+
+    def decode(self, stored: np.ndarray) -> np.ndarray:
+        stored = np.ascontiguousarray(stored)
+        codes = stored[:, :-4].view(np.int8).astype(np.float32)
+        scale = stored[:, -4:].copy().view("<f4")
+        return codes * scale
+
+    def bytes_per_vector(self, dim: int) -> int:
+        return dim + 4
+
+
+CODECS: dict[str, VectorCodec] = {"float16": Float16Codec(), "int8": Int8Codec()}
+
+
+def get_codec(name: str) -> VectorCodec:
+    try:
+        return CODECS[name]
+    except KeyError:
+        raise DataError(f"unknown vector codec {name!r}; choose one of {sorted(CODECS)}") from None

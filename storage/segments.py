@@ -1,0 +1,263 @@
+"""Segments: the immutable unit one ``add`` writes (documents, blocks, vectors, indexes).
+
+LMDB keys (see :mod:`npmdb.storage.codec`): documents under ``docs`` (seg, local),
+``docids`` maps a user id to the segments holding it, token columns under ``segcols``
+(seg, name), vectors under ``vectors`` (generation, seg, chunk) as contiguous chunks of
+``CHUNK`` tokens read zero-copy from the memory map. Index files live in
+``segments/sNNNNNN/``: ``bm25/`` (tantivy) and ``g{gen}.{start,end}.{kind}``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from npmdb.errors import OperationalError
+
+from . import codec as C
+from .bm25 import BM25Index
+from .dense import DenseIndex, DenseParams, load_dense
+
+__all__ = ["CHUNK", "COLUMNS", "SegmentColumns", "SegmentReader", "segment_dir", "dense_path",
+           "write_columns", "write_vector_chunk", "delete_segment_data", "StoredDoc"]
+
+CHUNK = 4096  # tokens per vector value
+COLUMNS = ("tokens", "flags", "offsets", "block_ptr", "block_doc")
+
+
+def segment_dir(root: Path, seg: int) -> Path:
+    return root / "segments" / f"s{seg:06d}"
+
+
+def dense_path(root: Path, seg: int, gen: int, side: str, kind: str) -> Path:
+    return segment_dir(root, seg) / f"g{gen}.{side}.{kind}"
+
+
+@dataclass(frozen=True, slots=True)
+class StoredDoc:
+    seg: int
+    local: int
+    id: str
+    title: str
+    text: str
+    meta: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class SegmentColumns:
+    """Token-level columns of a segment, concatenated over its blocks."""
+
+    tokens: np.ndarray     # int32[N]
+    flags: np.ndarray      # uint8[N]
+    offsets: np.ndarray    # int32[N, 2] character spans in the document text
+    block_ptr: np.ndarray  # int64[B + 1]: block b holds tokens block_ptr[b]:block_ptr[b+1]
+    block_doc: np.ndarray  # int32[B]: document (local number) of each block
+    block_of: np.ndarray = field(repr=False)  # int32[N]: block of each token
+
+    @classmethod
+    def build(cls, tokens, flags, offsets, block_ptr, block_doc) -> "SegmentColumns":
+        sizes = np.diff(block_ptr)
+        block_of = np.repeat(np.arange(len(sizes), dtype=np.int32), sizes)
+        return cls(tokens, flags, offsets, block_ptr, block_doc, block_of)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+    def doc_of(self, pos: np.ndarray) -> np.ndarray:
+        return self.block_doc[self.block_of[pos]]
+
+    def block_end(self, pos: np.ndarray) -> np.ndarray:
+        return self.block_ptr[self.block_of[pos] + 1]
+
+    def block_start(self, pos: np.ndarray) -> np.ndarray:
+        return self.block_ptr[self.block_of[pos]]
+
+
+def write_columns(txn, dbs, seg: int, cols: dict[str, np.ndarray]) -> None:
+    for name in COLUMNS:
+        txn.put(C.col_key(seg, name), C.pack_array(cols[name]), db=dbs["segcols"])
+
+
+def write_vector_chunk(txn, dbs, gen: int, seg: int, chunk: int, stored: np.ndarray) -> None:
+    txn.put(C.vec_key(gen, seg, chunk), C.pack_array(stored), db=dbs["vectors"])
+
+
+def delete_segment_data(txn, dbs, seg: int, *, gens: list[int] | None = None,
+                        docs: bool = True) -> None:
+    """Remove a segment's LMDB data (all generations' vectors, or just ``gens``)."""
+    prefix = C.u32(seg)
+    targets = [("segcols", prefix), ("docs", prefix)] if docs else []
+    for name, pfx in targets:
+        cur = txn.cursor(db=dbs[name])
+        if cur.set_range(pfx):
+            while cur.key()[:4] == pfx:
+                if not cur.delete():
+                    break
+    if docs:  # docids: scan (keys are hashed ids + seg)
+        cur = txn.cursor(db=dbs["docids"])
+        for key in [k for k in cur.iternext(keys=True, values=False) if k[-4:] == prefix]:
+            txn.delete(key, db=dbs["docids"])
+    cur = txn.cursor(db=dbs["vectors"])
+    keys = [k for k in cur.iternext(keys=True, values=False)
+            if k[4:8] == prefix and (gens is None or C.read_u32(k) in gens)]
+    for k in keys:
+        txn.delete(k, db=dbs["vectors"])
+
+
+class SegmentReader:
+    """Read access to one committed segment; columns and indexes load on first use."""
+
+    def __init__(self, root: Path, env, seg: int, info: dict, params: DenseParams) -> None:
+        self.root = root
+        self.env = env
+        self.seg = seg
+        self.info = info
+        self.params = params
+        self.dim = int(info["dim"])
+        self.codec = C.get_codec(info.get("codec", "float16"))
+        self._cols: SegmentColumns | None = None
+        self._bm25: BM25Index | None = None
+        self._dense: dict[tuple[int, str], DenseIndex] = {}
+        self._docs: OrderedDict[int, StoredDoc] = OrderedDict()
+        self._lock = threading.Lock()
+
+    # -- columns ---------------------------------------------------------------------
+
+    def columns(self, txn=None) -> SegmentColumns:
+        if self._cols is None:
+            with self._lock:
+                if self._cols is None:
+                    self._cols = self._load_columns(txn)
+        return self._cols
+
+    def _load_columns(self, txn) -> SegmentColumns:
+        def load(t):
+            arrs = {}
+            for name in COLUMNS:
+                raw = t.get(C.col_key(self.seg, name), db=self.env.dbs["segcols"])
+                if raw is None:
+                    raise OperationalError(f"segment {self.seg} is missing its {name!r} column")
+                arrs[name] = C.unpack_array(raw, verify=True, what=f"segment {self.seg} {name}").copy()
+            return arrs
+        if txn is None:
+            with self.env.read() as t:
+                arrs = load(t)
+        else:
+            arrs = load(txn)
+        return SegmentColumns.build(**arrs)
+
+    # -- vectors ----------------------------------------------------------------------
+
+    def vectors(self, txn, gen: int, positions: np.ndarray) -> np.ndarray:
+        """float32 vectors of ``positions`` (any order) for embedding generation ``gen``."""
+        positions = np.asarray(positions, dtype=np.int64)
+        out = np.empty((len(positions), self.dim), dtype=np.float32)
+        if len(positions) == 0:
+            return out
+        chunks = positions // CHUNK
+        order = np.argsort(chunks, kind="stable")
+        sorted_chunks = chunks[order]
+        bounds = np.flatnonzero(np.diff(sorted_chunks)) + 1
+        for grp in np.split(order, bounds):
+            ch = int(chunks[grp[0]])
+            stored = self._chunk(txn, gen, ch)
+            out[grp] = self.codec.decode(stored[positions[grp] - ch * CHUNK])
+        return out
+
+    def _chunk(self, txn, gen: int, ch: int) -> np.ndarray:
+        raw = txn.get(C.vec_key(gen, self.seg, ch), db=self.env.dbs["vectors"])
+        if raw is None:
+            raise OperationalError(f"segment {self.seg} has no vectors for generation {gen} "
+                                   f"(chunk {ch}); the database is incomplete")
+        return C.unpack_array(raw, what=f"vectors g{gen} s{self.seg} c{ch}")
+
+    def iter_chunks(self, txn, gen: int) -> Iterator[tuple[int, np.ndarray]]:
+        n = self.columns(txn).n_tokens
+        for ch in range((n + CHUNK - 1) // CHUNK):
+            yield ch * CHUNK, self._chunk(txn, gen, ch)
+
+    def scan(self, txn, gen: int, q: np.ndarray, mask: np.ndarray, k: int
+             ) -> tuple[np.ndarray, np.ndarray]:
+        """Exact top-``k`` positions by inner product with ``q`` among ``mask`` tokens."""
+        best_pos: list[np.ndarray] = []
+        best_sc: list[np.ndarray] = []
+        for base, stored in self.iter_chunks(txn, gen):
+            m = mask[base:base + len(stored)]
+            idx = np.flatnonzero(m)
+            if len(idx) == 0:
+                continue
+            sims = self.codec.decode(stored[idx]) @ q
+            if len(sims) > k:
+                part = np.argpartition(-sims, k - 1)[:k]
+                idx, sims = idx[part], sims[part]
+            best_pos.append(idx + base)
+            best_sc.append(sims)
+        if not best_pos:
+            return np.zeros(0, np.int64), np.zeros(0, np.float32)
+        pos = np.concatenate(best_pos)
+        sc = np.concatenate(best_sc)
+        if len(sc) > k:
+            part = np.argpartition(-sc, k - 1)[:k]
+            pos, sc = pos[part], sc[part]
+        order = np.argsort(-sc, kind="stable")
+        return pos[order], sc[order]
+
+    # -- indexes ----------------------------------------------------------------------
+
+    def bm25(self) -> BM25Index:
+        if self._bm25 is None:
+            with self._lock:
+                if self._bm25 is None:
+                    self._bm25 = BM25Index(segment_dir(self.root, self.seg) / "bm25")
+        return self._bm25
+
+    def dense(self, gen: int, side: str) -> DenseIndex:
+        key = (gen, side)
+        idx = self._dense.get(key)
+        if idx is None:
+            with self._lock:
+                idx = self._dense.get(key)
+                if idx is None:
+                    kind = self.info.get("dense", "hnsw")
+                    idx = load_dense(kind, dense_path(self.root, self.seg, gen, side, kind),
+                                     self.dim, self.params)
+                    self._dense[key] = idx
+        return idx
+
+    # -- documents --------------------------------------------------------------------
+
+    def doc(self, txn, local: int) -> StoredDoc:
+        d = self._docs.get(local)
+        if d is not None:
+            self._docs.move_to_end(local)
+            return d
+        raw = txn.get(C.doc_key(self.seg, local), db=self.env.dbs["docs"])
+        if raw is None:
+            raise OperationalError(f"document {local} of segment {self.seg} is missing")
+        v = C.unpack(raw)
+        d = StoredDoc(self.seg, local, v["id"], v["title"], v["text"], v.get("meta") or {})
+        self._docs[local] = d
+        if len(self._docs) > 50_000:
+            self._docs.popitem(last=False)
+        return d
+
+
+def remove_dir(path: Path) -> None:
+    if path.exists():
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,1 @@
+SELECT phrase FROM MASKED(:q) AS OF :version USING exact

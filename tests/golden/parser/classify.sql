@@ -1,0 +1,1 @@
+SELECT label, score FROM CLASSIFY('Cheap construction. It was [MASK].', LABELS(positive = ('great', 'awesome'), negative = ('terrible', 'broken'))) USING bm25(blocks => 3) WITH tau = 5.0 ORDER BY score DESC

@@ -1,0 +1,1 @@
+SELECT label FROM CLASSIFY(?, ?) AS OF 'v1' LIMIT 1

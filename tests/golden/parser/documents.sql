@@ -1,0 +1,1 @@
+SELECT id, title FROM DOCUMENTS WHERE title LIKE 'Sa%' LIMIT 10

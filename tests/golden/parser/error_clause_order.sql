@@ -1,0 +1,1 @@
+SELECT phrase FROM MASKED('[MASK]') LIMIT 5 WHERE score > 1

@@ -1,0 +1,1 @@
+SELECT label FROM CLASSIFY('[MASK]', LABELS(pos = 'good', pos = 'great'))

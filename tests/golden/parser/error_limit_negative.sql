@@ -1,0 +1,1 @@
+SELECT phrase FROM MASKED('[MASK]') LIMIT -1

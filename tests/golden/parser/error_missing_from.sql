@@ -1,0 +1,1 @@
+SELECT phrase, score LIMIT 5

@@ -1,0 +1,3 @@
+SELECT phrase
+FROM MASKED('x [MASK]')
+ORDR BY score

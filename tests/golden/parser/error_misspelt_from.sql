@@ -1,0 +1,2 @@
+SELECT phrase, score
+FRM MASKED('x [MASK]')

@@ -1,0 +1,1 @@
+SELECT phrase FROM MASKED('x [MASK]') USING bm52(blocks => 3)

@@ -1,0 +1,1 @@
+SELCT phrase FROM MASKED('x [MASK]')

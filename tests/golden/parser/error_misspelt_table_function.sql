@@ -1,0 +1,1 @@
+SELECT phrase FROM MASKD('x [MASK]')

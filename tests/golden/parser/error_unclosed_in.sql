@@ -1,0 +1,1 @@
+SELECT id FROM DOCUMENTS WHERE id IN ('a', 'b' LIMIT 3

@@ -1,0 +1,1 @@
+SELECT phrase /* oops FROM MASKED('[MASK]')

@@ -1,0 +1,3 @@
+SELECT phrase
+FROM MASKED('x [MASK]
+LIMIT 5

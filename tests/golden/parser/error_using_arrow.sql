@@ -1,0 +1,1 @@
+SELECT phrase FROM MASKED('[MASK]') USING dense(k = 5)

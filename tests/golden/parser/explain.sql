@@ -1,0 +1,1 @@
+EXPLAIN SELECT phrase FROM MASKED(?) USING hybrid(k => 1024, blocks => 3)

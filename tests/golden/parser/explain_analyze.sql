@@ -1,0 +1,1 @@
+explain analyze select phrase from masked(:q) limit 5;

@@ -1,0 +1,1 @@
+SELECT title, score FROM MASKED('[MASK]') GROUP BY Document ORDER BY score DESC

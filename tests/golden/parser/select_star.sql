@@ -1,0 +1,1 @@
+select * from masked('a [MASK] b')

@@ -1,0 +1,1 @@
+SELECT phrase AS réponse FROM MASKED('[MASK]') WHERE doc.meta.année > 2000

@@ -1,0 +1,1 @@
+SELECT phrase FROM MASKED('x [MASK]') USING dense(k => 1024)

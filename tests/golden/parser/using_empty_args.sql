@@ -1,0 +1,1 @@
+SELECT phrase FROM MASKED('x [MASK]') USING BM25() WITH Max_Len = 3

@@ -1,0 +1,1 @@
+SELECT phrase FROM MASKED('[MASK]') WHERE a OR b AND NOT c OR (d OR e) AND NOT (f AND g) AND (h AND i)
