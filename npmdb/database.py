@@ -230,6 +230,10 @@ class Database:
             self._segments[seg] = r
         return r
 
+    def _segment_reader(self, seg: int) -> SegmentReader:
+        with self.env.read() as txn:
+            return self._segment(txn, seg)
+
     @contextmanager
     def snapshot(self, version: int | str | None = None, doc_filter=None) -> Iterator[Snapshot]:
         """A consistent read view of ``version`` (HEAD by default)."""
@@ -570,6 +574,10 @@ class Database:
                 s = C.read_u32(bytes(key), 4)
                 if s >= nxt:
                     orphans.add(s)
+            next_gen = int(V.get_meta(txn, self.env.dbs, "next_generation", 1))
+            stale_gens = sorted({C.read_u32(bytes(k)) for k in
+                                 txn.cursor(db=self.env.dbs["vectors"]).iternext(values=False)
+                                 if C.read_u32(bytes(k)) >= next_gen})
         root = self.path / "segments"
         if root.exists():
             for p in root.iterdir():
@@ -578,8 +586,26 @@ class Database:
                     remove_dir(p)
                 elif name.startswith("s") and name[1:].isdigit() and int(name[1:]) >= nxt:
                     orphans.add(int(name[1:]))
+                elif p.is_dir():
+                    for f in p.iterdir():  # index files of an uncommitted generation
+                        g = f.name.split(".", 1)[0]
+                        if g.startswith("g") and g[1:].isdigit() and int(g[1:]) >= next_gen:
+                            f.unlink(missing_ok=True)
+        enc_root = self.path / "encoders"
+        if enc_root.exists():
+            for p in enc_root.iterdir():
+                g = p.name.split(".", 1)[0]
+                if p.name.endswith(".tmp") or (g[1:].isdigit() and int(g[1:]) >= next_gen):
+                    remove_dir(p)
         for seg in sorted(orphans):
             self._remove_segment(seg)
+        if stale_gens:
+            def drop(txn):
+                cur = txn.cursor(db=self.env.dbs["vectors"])
+                for k in [bytes(k) for k in cur.iternext(values=False)]:
+                    if C.read_u32(k) >= next_gen:
+                        txn.delete(k, db=self.env.dbs["vectors"])
+            self.env.write(drop)
 
     # -- versions ------------------------------------------------------------------------
 

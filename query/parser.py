@@ -35,6 +35,7 @@ _CLAUSES = (
 _CLAUSE_KEYWORDS = tuple(kw for kw, _ in _CLAUSES)
 _COMPARISONS = {"=": "=", "!=": "!=", "<>": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
 _END = ("';'", "end of input")
+_STRUCTURAL = frozenset("SELECT FROM WHERE USING WITH AS AND OR IN LIKE BETWEEN IS NOT TRUE FALSE NULL".split())
 _NAME_LIKE = ("an expression", "a name", "a column name", "an option name", "an alias", "a label name")
 
 
@@ -129,16 +130,28 @@ class _Parser:
     def unexpected(self, expected: tuple[str, ...], *, message: str | None = None,
                    suggest_from: Iterable[str] | None = None, tok: Token | None = None) -> NoReturn:
         tok = tok or self.tok
-        msg = message or ("empty query" if tok.kind == "eof" and tok.pos == 0 and not self.text.strip()
+        msg = message or ("empty query" if tok.kind == "eof" and len(self.toks) == 1
                           else f"unexpected {tok.describe()}")
         if tok.kind == "ident":
             hint = _suggest(tok.value, expected if suggest_from is None else suggest_from)
             if hint is not None:
                 msg += f"; did you mean {hint}?"
-        elif tok.kind == "keyword" and tok.value not in ("TRUE", "FALSE", "NULL", "NOT") and any(
-                e in _NAME_LIKE for e in expected):
+        elif tok.kind == "keyword" and self._looks_like_a_name(tok) and any(e in _NAME_LIKE for e in expected):
             msg += f" ({tok.value} is a reserved word; write \"{tok.text}\" to use it as a name)"
+        elif message is None and tok is self.tok and self.i > 0 and self.toks[self.i - 1].is_op(","):
+            msg += " after ','"
         self.fail(msg, tok, expected)
+
+    def _looks_like_a_name(self, tok: Token) -> bool:
+        """A reserved word used as a name, rather than a clause started too early."""
+        if tok.value in _STRUCTURAL or tok is not self.tok:
+            return False
+        nxt = self.peek()
+        if tok.value in ("ORDER", "GROUP"):
+            return not nxt.is_keyword("BY")
+        if tok.value in ("LIMIT", "OFFSET"):
+            return nxt.kind not in ("integer", "param")
+        return True
 
     # ------------------------------------------------------------ nodes
 
@@ -264,7 +277,10 @@ class _Parser:
         self.expect_op("(")
         query = self.query_argument()
         if name == "CLASSIFY":
-            self.expect_op(",")
+            if not self.tok.is_op(","):
+                self.unexpected(("','",), message=f"CLASSIFY takes the query and its labels: "
+                                f"CLASSIFY(text, LABELS(name = 'word', ...)); found {self.tok.describe()}")
+            self.advance()
             labels = self.labels()
             self.expect_op(")")
             return A.Classify(query, labels, pos=t.pos)

@@ -40,13 +40,13 @@ class Env:
         except lmdb.Error as exc:
             raise OperationalError(f"cannot open the LMDB store in {self.path}: {exc}") from exc
         self.dbs = {}
-        with self.env.begin(write=not readonly) as txn:
-            for name in SUBDBS:
-                try:
-                    self.dbs[name] = self.env.open_db(name.encode(), txn=txn, create=not readonly)
-                except lmdb.NotFoundError:
-                    raise OperationalError(
-                        f"{self.path} is not an npmdb database (missing table {name!r})") from None
+        for name in SUBDBS:
+            try:
+                self.dbs[name] = self.env.open_db(name.encode(), create=not readonly)
+            except lmdb.NotFoundError:
+                self.env.close()
+                raise OperationalError(
+                    f"{self.path} is not an npmdb database (missing table {name!r})") from None
 
     def close(self) -> None:
         self.env.close()

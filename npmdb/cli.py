@@ -1,0 +1,254 @@
+"""The ``npmdb`` command line: add, query, sql, search, versions, tag, train, demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Sequence
+
+from .errors import Error
+
+__all__ = ["main"]
+
+DEMO_QUERIES = [
+    "Hagios Demetrios is located in [MASK].",
+    "Salem is the capital of [MASK].",
+    "Thessaloniki is a city in [MASK].",
+    "The currency of Japan is the [MASK].",
+]
+
+
+def _print_result(res, *, evidence: bool = True, out=sys.stdout) -> None:
+    if res.columns is not None and res.rows is not None:
+        _print_table(res.columns, res.rows, out)
+        return
+    if not res.answers:
+        print("  (no answers)", file=out)
+    for i, a in enumerate(res.answers, 1):
+        print(f"  {i:>2}. {a.text!r:<40} score={a.score:.4f}  support={a.support}", file=out)
+        if evidence:
+            for e in a.evidence[:2]:
+                snip = textwrap.shorten(e.snippet, 100, placeholder="…")
+                print(f"        {e.doc_id} [{e.start}:{e.end}] {snip}", file=out)
+    print(f"  -- version {res.version}, generation {res.generation}, "
+          f"{res.elapsed_ms:.1f} ms", file=out)
+
+
+def _print_table(columns, rows, out) -> None:
+    cells = [[_cell(v) for v in r] for r in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    widths = [min(w, 60) for w in widths]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)), file=out)
+    print("  ".join("-" * w for w in widths), file=out)
+    for r in cells:
+        print("  ".join(v[:w].ljust(w) for v, w in zip(r, widths)), file=out)
+
+
+def _cell(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4f}"
+    return str(v)
+
+
+def cmd_add(args) -> int:
+    import npmdb
+
+    with npmdb.open(args.db, encoder=args.encoder, progress=not args.quiet,
+                    timeout=args.timeout) as db:
+        t0 = time.time()
+        before = db.count()
+        vid = db.add(args.files if len(args.files) > 1 else args.files[0], message=args.message or "")
+        print(f"added {db.count() - before} documents in {time.time() - t0:.1f} s; "
+              f"version {vid}")
+    return 0
+
+
+def cmd_query(args) -> int:
+    import npmdb
+
+    with npmdb.open(args.db, create=False, readonly=True, progress=False) as db:
+        opts = dict(top=args.top, k=args.k, mode=args.mode, retrieval=args.retrieval,
+                    blocks=args.blocks, max_len=args.max_len, tau=args.tau, alpha=args.alpha,
+                    exact=args.exact)
+        if args.version is not None:
+            opts["version"] = args.version
+        res = db.fill_mask(args.query, **opts)
+        if args.json:
+            print(json.dumps(res.to_list(), ensure_ascii=False, indent=1))
+        else:
+            print(args.query)
+            _print_result(res)
+            if args.explain:
+                print(res.plan)
+    return 0
+
+
+def cmd_sql(args) -> int:
+    import npmdb
+
+    params = json.loads(args.params) if args.params else None
+    with npmdb.open(args.db, create=False, readonly=True, progress=False) as db:
+        res = db.sql(args.statement, params)
+        if args.json:
+            print(json.dumps(res.to_list(), ensure_ascii=False, indent=1, default=str))
+        else:
+            _print_result(res)
+    return 0
+
+
+def cmd_search(args) -> int:
+    import npmdb
+
+    with npmdb.open(args.db, create=False, readonly=True, progress=False) as db:
+        for hit in db.search(args.text, limit=args.limit):
+            print(f"{hit['score']:8.3f}  {hit['doc_id']}  {textwrap.shorten(hit['snippet'], 90)}")
+    return 0
+
+
+def cmd_versions(args) -> int:
+    import npmdb
+
+    with npmdb.open(args.db, create=False, readonly=True, progress=False) as db:
+        rows = [(v["id"], time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(v["time"])),
+                 v["parent"], ",".join(v["tags"]), v["docs"], v["tokens"], v["generation"],
+                 "*" if v["head"] else "") for v in db.versions()]
+        _print_table(("id", "time", "parent", "tags", "docs", "tokens", "gen", "head"), rows,
+                     sys.stdout)
+    return 0
+
+
+def cmd_tag(args) -> int:
+    import npmdb
+
+    with npmdb.open(args.db, create=False, progress=False) as db:
+        vid = db.tag(args.name, args.version)
+        print(f"tagged version {vid} as {args.name!r}")
+    return 0
+
+
+def cmd_train(args) -> int:
+    import npmdb
+
+    with npmdb.open(args.db, create=False, progress=not args.quiet) as db:
+        report = npmdb.train(db, steps=args.steps, batch_blocks=args.batch_blocks, lr=args.lr,
+                             objective=args.objective, refresh_every=args.refresh_every,
+                             seed=args.seed)
+        print(report)
+    return 0
+
+
+def cmd_demo(args) -> int:
+    import npmdb
+    from .corpus import sample_path
+
+    path = Path(args.db)
+    with npmdb.open(path, progress=not args.quiet) as db:
+        if db.count() == 0:
+            print(f"ingesting the bundled sample corpus (dev-small, 8,207 documents) into {path} …")
+            t0 = time.time()
+            db.add(sample_path("corpus.jsonl.gz"), message="sample corpus")
+            st = db.stats()
+            print(f"  {st['docs']} documents, {st['blocks']} blocks, {st['tokens']} tokens "
+                  f"in {time.time() - t0:.1f} s")
+        else:
+            print(f"using the existing database {path} ({db.count()} documents)")
+        cloze = [json.loads(l) for l in open(sample_path("cloze.jsonl"), encoding="utf-8")][:3]
+        queries = DEMO_QUERIES[:2] + [c["query"] for c in cloze]
+        for retrieval in ("bm25", "dense"):
+            print(f"\n== retrieval={retrieval} (encoder: {db.encoder.info.name}, "
+                  f"generation {db.stats()['generation']}) ==")
+            for q in queries:
+                res = db.fill_mask(q, retrieval=retrieval, top=3)
+                print(q)
+                _print_result(res, evidence=retrieval == "bm25")
+        print("\nAn untrained sentence encoder ranks poorly; train it with "
+              f"`npmdb train {path} --steps 300` (see README).")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="npmdb", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    a = sub.add_parser("add", help="add documents (JSONL[.gz], Parquet, CSV, text files)")
+    a.add_argument("db")
+    a.add_argument("files", nargs="+")
+    a.add_argument("--encoder", default=None, help="local Hugging Face model directory")
+    a.add_argument("--message", default="")
+    a.add_argument("--timeout", type=float, default=0.0, help="seconds to wait for the writer lock")
+    a.add_argument("-q", "--quiet", action="store_true")
+    a.set_defaults(fn=cmd_add)
+
+    q = sub.add_parser("query", help="fill a [MASK] with phrases from the corpus")
+    q.add_argument("db")
+    q.add_argument("query")
+    q.add_argument("--top", type=int, default=5)
+    q.add_argument("-k", type=int, default=1024)
+    q.add_argument("--mode", default="phrase", choices=("phrase", "token"))
+    q.add_argument("--retrieval", default="dense", choices=("dense", "bm25", "hybrid"))
+    q.add_argument("--blocks", type=int, default=3)
+    q.add_argument("--max-len", type=int, default=10)
+    q.add_argument("--tau", type=float, default=1.0)
+    q.add_argument("--alpha", type=float, default=0.0)
+    q.add_argument("--exact", action="store_true")
+    q.add_argument("--version", default=None, help="version id or tag (AS OF)")
+    q.add_argument("--json", action="store_true")
+    q.add_argument("--explain", action="store_true", help="print the plan with timings")
+    q.set_defaults(fn=cmd_query)
+
+    s = sub.add_parser("sql", help="run a query-language statement")
+    s.add_argument("db")
+    s.add_argument("statement")
+    s.add_argument("--params", default=None, help="JSON list or object of parameters")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_sql)
+
+    se = sub.add_parser("search", help="BM25 search over blocks")
+    se.add_argument("db")
+    se.add_argument("text")
+    se.add_argument("--limit", type=int, default=10)
+    se.set_defaults(fn=cmd_search)
+
+    v = sub.add_parser("versions", help="list versions")
+    v.add_argument("db")
+    v.set_defaults(fn=cmd_versions)
+
+    t = sub.add_parser("tag", help="name a version")
+    t.add_argument("db")
+    t.add_argument("name")
+    t.add_argument("--version", default=None)
+    t.set_defaults(fn=cmd_tag)
+
+    tr = sub.add_parser("train", help="train the encoder with NPM's objective; refresh embeddings")
+    tr.add_argument("db")
+    tr.add_argument("--steps", type=int, default=300)
+    tr.add_argument("--batch-blocks", type=int, default=16)
+    tr.add_argument("--lr", type=float, default=3e-5)
+    tr.add_argument("--objective", default="phrase", choices=("phrase", "token"))
+    tr.add_argument("--refresh-every", type=int, default=0)
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("-q", "--quiet", action="store_true")
+    tr.set_defaults(fn=cmd_train)
+
+    d = sub.add_parser("demo", help="ingest the bundled sample corpus and answer queries")
+    d.add_argument("db", nargs="?", default="demo.npmdb")
+    d.add_argument("-q", "--quiet", action="store_true")
+    d.set_defaults(fn=cmd_demo)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.fn(args) or 0)
+    except Error as exc:
+        print(f"npmdb: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("npmdb: interrupted", file=sys.stderr)
+        return 130
