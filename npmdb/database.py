@@ -296,6 +296,14 @@ class Database:
                           generation=snap.generation, stats=tuple(plan.stats),
                           plan=plan.explain(analyze=True), info=dict(state.info))
 
+    def sql(self, text: str, params: Any = None) -> Result:
+        """Run one query-language statement (see ``query/GRAMMAR.md``); ``?`` and ``:name``
+        parameters are bound from ``params`` (a sequence or a mapping), never spliced."""
+        from npmdb.query.sql import execute
+
+        self._check_open()
+        return execute(self, text, params)
+
     def search(self, text: str, *, limit: int = 10, version: int | str | None = None
                ) -> list[dict[str, Any]]:
         """BM25 search over blocks: ``[{doc_id, title, block, score, snippet}]``."""

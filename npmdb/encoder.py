@@ -256,7 +256,17 @@ class Encoder:
             raise ProgrammingError(f"unknown mode {mode!r}: use 'phrase' or 'token'")
         ids, pos = self.query_ids(text, mode)
         t = torch.from_numpy(ids)[None]
-        hidden = self.hidden_states(t, torch.ones_like(t))[0].float().cpu().numpy()
+        # A short query gains little from intra-op threads and loses much when the machine
+        # is busy (thread pools contend); run it on one thread on the CPU.
+        threads = torch.get_num_threads()
+        single = self.device.type == "cpu" and len(ids) <= 128 and threads > 1
+        if single:
+            torch.set_num_threads(1)
+        try:
+            hidden = self.hidden_states(t, torch.ones_like(t))[0].float().cpu().numpy()
+        finally:
+            if single:
+                torch.set_num_threads(threads)
         if mode == "phrase":
             return QueryVectors("phrase", start=hidden[pos[0]].copy(), end=hidden[pos[1]].copy(),
                                 n_tokens=len(ids))

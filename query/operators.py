@@ -37,19 +37,23 @@ class Occurrence:
 
 @dataclass
 class Group:
-    """One answer under construction: its key, surface text and occurrences."""
+    """One answer under construction: its key, surface text and occurrences.
+
+    ``idx`` indexes the occurrences in the state's parallel arrays (seg, s, e, score).
+    """
 
     key: Any
     text: str
     score: float = 0.0
     n_tokens: int = 0
-    occurrences: list[Occurrence] = field(default_factory=list)
+    idx: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    weights: np.ndarray | None = None  # per-occurrence scores when not st.score (classify)
     evidence: list = field(default_factory=list)
     extra: dict = field(default_factory=dict)
 
     @property
     def support(self) -> int:
-        return len(self.occurrences)
+        return int(len(self.idx))
 
 
 @dataclass
@@ -348,20 +352,57 @@ def surface(st: ExecState, si: int, s: int, e: int) -> tuple[str, Any]:
     snap = st.snapshot
     seg = snap.segments[si]
     cols = seg.columns()
-    doc = seg.doc(snap.txn, int(cols.doc_of(np.asarray([s]))[0]))
+    doc = seg.doc(snap.txn, int(cols.block_doc[cols.block_of[s]]))
     return doc.text[cols.offsets[s, 0]:cols.offsets[e, 1]], doc
+
+
+def surfaces(st: ExecState, seg: np.ndarray, s: np.ndarray, e: np.ndarray
+             ) -> tuple[list[str], np.ndarray]:
+    """Surface texts of many occurrences (vectorised index math), and their doc numbers."""
+    n = len(s)
+    texts: list[str] = [""] * n
+    docs = np.zeros(n, dtype=np.int64)
+    snap = st.snapshot
+    for si in np.unique(seg):
+        rows = np.flatnonzero(seg == si)
+        reader = snap.segments[int(si)]
+        cols = reader.columns()
+        ss, ee = s[rows], e[rows]
+        dl = cols.block_doc[cols.block_of[ss]]
+        docs[rows] = dl
+        a, b = cols.offsets[ss, 0].tolist(), cols.offsets[ee, 1].tolist()
+        cache = {int(d): reader.doc(snap.txn, int(d)).text for d in np.unique(dl)}
+        for r, d, x, y in zip(rows.tolist(), dl.tolist(), a, b):
+            texts[r] = cache[d][x:y]
+    return texts, docs
 
 
 def _word_bounds(cols, s: int, e: int) -> tuple[int, int]:
     from npmdb.boundaries import WORD_END, WORD_START
 
-    lo = int(cols.block_start(np.asarray([s]))[0])
-    hi = int(cols.block_end(np.asarray([e]))[0]) - 1
+    lo = int(cols.block_ptr[cols.block_of[s]])
+    hi = int(cols.block_ptr[cols.block_of[e] + 1]) - 1
     while s > lo and not cols.flags[s] & WORD_START:
         s -= 1
     while e < hi and not cols.flags[e] & WORD_END:
         e += 1
     return s, e
+
+
+def _make_groups(keys: list, texts: list[str], scores: np.ndarray, n_tokens: np.ndarray
+                 ) -> list[Group]:
+    gid, distinct = S.group_keys(keys)
+    if not distinct:
+        return []
+    sums = np.bincount(gid, weights=scores, minlength=len(distinct))
+    order = np.argsort(gid, kind="stable")
+    bounds = np.flatnonzero(np.diff(gid[order])) + 1
+    groups = []
+    for g, members in enumerate(np.split(order, bounds)):
+        best = members[np.argmax(scores[members])]
+        groups.append(Group(distinct[g], texts[best], float(sums[g]), int(n_tokens[best]),
+                            members))
+    return groups
 
 
 @dataclass(frozen=True)
@@ -376,39 +417,31 @@ class Aggregate(Operator):
         return _fmt(group_by=self.group_by, alpha=self.alpha)
 
     def run(self, st: ExecState) -> int:
-        groups: dict[Any, Group] = {}
-        snap = st.snapshot
-        best_surface: dict[Any, tuple[float, str]] = {}
-        for i in range(len(st.score)):
-            si, s, e, sc = int(st.seg[i]), int(st.s[i]), int(st.e[i]), float(st.score[i])
-            cols = snap.segments[si].columns()
-            if self.group_by == "word":
-                s, e = _word_bounds(cols, s, e)
-            text, doc = surface(st, si, s, e)
-            if self.group_by in ("phrase", "word"):
-                key = fold(text)
-            elif self.group_by == "tokens":
-                key = tuple(int(t) for t in cols.tokens[s:e + 1])
-            else:  # document
-                key = (si, doc.local)
-            g = groups.get(key)
-            if g is None:
-                g = groups[key] = Group(key, text, n_tokens=e - s + 1)
-                if self.group_by == "document":
-                    g.text = doc.id
-            g.score += sc
-            g.occurrences.append(Occurrence(si, s, e, sc))
-            if self.group_by != "document":
-                prev = best_surface.get(key)
-                if prev is None or sc > prev[0]:
-                    best_surface[key] = (sc, text)
-        for key, g in groups.items():
-            if key in best_surface:
-                g.text = best_surface[key][1]
-            if self.alpha:
+        if self.group_by == "word":
+            for i in range(len(st.s)):
+                cols = st.snapshot.segments[int(st.seg[i])].columns()
+                st.s[i], st.e[i] = _word_bounds(cols, int(st.s[i]), int(st.e[i]))
+        texts, docs = surfaces(st, st.seg, st.s, st.e)
+        n_tokens = st.e - st.s + 1
+        if self.group_by in ("phrase", "word"):
+            folded: dict[str, str] = {}
+            keys = [folded.get(t) or folded.setdefault(t, fold(t)) for t in texts]
+        elif self.group_by == "tokens":
+            keys = []
+            for si, s, e in zip(st.seg.tolist(), st.s.tolist(), st.e.tolist()):
+                keys.append(tuple(st.snapshot.segments[si].columns().tokens[s:e + 1].tolist()))
+        else:  # document
+            keys = list(zip(st.seg.tolist(), docs.tolist()))
+        groups = _make_groups(keys, texts, np.asarray(st.score, np.float64), n_tokens)
+        if self.group_by == "document":
+            for g in groups:
+                si, local = g.key
+                g.text = st.snapshot.doc(si, local).id
+        if self.alpha:
+            for g in groups:
                 g.score *= float(g.n_tokens) ** self.alpha
-        st.groups = list(groups.values())
-        return len(st.groups)
+        st.groups = groups
+        return len(groups)
 
 
 @dataclass(frozen=True)
@@ -431,26 +464,23 @@ class ClassifyLabels(Operator):
             for w in words:
                 word_to_labels.setdefault(fold(w), []).append(label)
         logits = S.label_logits(st.sim_s, st.sim_e if self.mode == "phrase" else None, self.tau)
-        per_label: dict[str, list[tuple[float, Occurrence]]] = {l: [] for l, _ in self.labels}
-        for i in range(len(logits)):
-            si, s, e = int(st.seg[i]), int(st.s[i]), int(st.e[i])
-            cols = st.snapshot.segments[si].columns()
-            if not (cols.offsets[e, 1] - cols.offsets[s, 0]) <= 64:
-                continue
-            text, _ = surface(st, si, s, e)
-            for label in word_to_labels.get(fold(text), ()):
-                per_label[label].append((float(logits[i]), Occurrence(si, s, e, float(logits[i]))))
+        texts, _ = surfaces(st, st.seg, st.s, st.e)
+        members: dict[str, list[int]] = {l: [] for l, _ in self.labels}
+        for i, t in enumerate(texts):
+            for label in word_to_labels.get(fold(t), ()):
+                members[label].append(i)
         groups = []
         for label, _ in self.labels:
-            items = per_label[label]
-            if items:
-                z = np.array([x for x, _ in items])
+            idx = np.asarray(members[label], dtype=np.int64)
+            if len(idx):
+                z = logits[idx]
                 m = z.max()
                 log_score = float(m + np.log(np.exp(z - m).sum()))
                 score = float(np.exp(log_score)) if log_score < 700 else float("inf")
             else:
                 log_score, score = float("-inf"), 0.0
-            g = Group(label, label, score=score, occurrences=[o for _, o in items])
+            g = Group(label, label, score=score, idx=idx,
+                      weights=np.exp(np.minimum(logits, 700.0)) if len(idx) else None)
             g.extra["log_score"] = log_score
             groups.append(g)
         st.groups = groups
@@ -530,14 +560,16 @@ class AttachEvidence(Operator):
 
         count = 0
         for g in st.groups:
-            occs = sorted(g.occurrences, key=lambda o: -o.score)[: self.n]
+            w = g.weights if g.weights is not None else st.score
+            idx = g.idx[np.argsort(-np.asarray(w)[g.idx], kind="stable")][: self.n]
             g.evidence = []
-            for o in occs:
-                cols = st.snapshot.segments[o.seg].columns()
-                _, doc = surface(st, o.seg, o.start, o.end)
-                a, b = int(cols.offsets[o.start, 0]), int(cols.offsets[o.end, 1])
+            for i in idx.tolist():
+                si, s, e = int(st.seg[i]), int(st.s[i]), int(st.e[i])
+                cols = st.snapshot.segments[si].columns()
+                _, doc = surface(st, si, s, e)
+                a, b = int(cols.offsets[s, 0]), int(cols.offsets[e, 1])
                 g.evidence.append(Evidence(doc.id, doc.title, "text", a, b, snippet(doc.text, a, b),
-                                           o.score))
+                                           float(w[i])))
                 count += 1
         return count
 

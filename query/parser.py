@@ -27,14 +27,16 @@ __all__ = ["parse", "parse_expression", "MAX_DEPTH", "MAX_QUERY_LENGTH", "error_
 MAX_DEPTH = 64
 
 _STATEMENT_STARTS = ("SELECT", "EXPLAIN", "SHOW")
-# (keyword that starts the clause, how messages name it), in the required order.
+# (keyword that starts the clause, how messages name it, Select field), in the required order.
 _CLAUSES = (
-    ("AS", "AS OF"), ("USING", "USING"), ("WITH", "WITH"), ("WHERE", "WHERE"),
-    ("GROUP", "GROUP BY"), ("ORDER", "ORDER BY"), ("LIMIT", "LIMIT"), ("OFFSET", "OFFSET"),
+    ("AS", "AS OF", "as_of"), ("USING", "USING", "using"), ("WITH", "WITH", "options"),
+    ("WHERE", "WHERE", "where"), ("GROUP", "GROUP BY", "group_by"), ("ORDER", "ORDER BY", "order_by"),
+    ("LIMIT", "LIMIT", "limit"), ("OFFSET", "OFFSET", "offset"),
 )
-_CLAUSE_KEYWORDS = tuple(kw for kw, _ in _CLAUSES)
+_CLAUSE_KEYWORDS = tuple(c[0] for c in _CLAUSES)
 _COMPARISONS = {"=": "=", "!=": "!=", "<>": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
 _END = ("';'", "end of input")
+_CONSTANTS = {"TRUE": True, "FALSE": False, "NULL": None}
 _STRUCTURAL = frozenset("SELECT FROM WHERE USING WITH AS AND OR IN LIKE BETWEEN IS NOT TRUE FALSE NULL".split())
 _NAME_LIKE = ("an expression", "a name", "a column name", "an option name", "an alias", "a label name")
 
@@ -72,10 +74,8 @@ def _run(text: str, fn: Any) -> Any:
 
 
 def _suggest(word: str, candidates: Iterable[str]) -> str | None:
-    cands = {c.split()[0].strip("'").upper(): c.split()[0] for c in candidates if c[:1].isalpha()}
-    cands.pop("END", None)
-    cands.pop("A", None)
-    cands.pop("AN", None)
+    cands = {c.split()[0].upper(): c.split()[0] for c in candidates
+             if c[:1].isalpha() and c.split()[0] not in ("a", "an", "end")}
     match = difflib.get_close_matches(word.upper(), list(cands), n=1, cutoff=0.6)
     return cands[match[0]] if match else None
 
@@ -222,7 +222,7 @@ class _Parser:
         source = self.source()
         fields: dict[str, Any] = {}
         last = -1
-        for k, (kw, _label) in enumerate(_CLAUSES):
+        for k, (kw, _label, _field) in enumerate(_CLAUSES):
             if not self.tok.is_keyword(kw):
                 continue
             self.follow = ()
@@ -232,11 +232,11 @@ class _Parser:
         if t.is_keyword(*_CLAUSE_KEYWORDS):
             j = _CLAUSE_KEYWORDS.index(t.value)
             label = _CLAUSES[j][1]
-            if _FIELD_OF[t.value] in fields:
+            if _CLAUSES[j][2] in fields:
                 self.fail(f"duplicate {label} clause", t)
-            order = ", ".join(lab for _, lab in _CLAUSES)
+            order = ", ".join(c[1] for c in _CLAUSES)
             self.fail(f"{label} must come before {_CLAUSES[last][1]} (clauses go in this order: {order})", t)
-        self.follow = self.follow + tuple(lab for _, lab in _CLAUSES[last + 1:])
+        self.follow = self.follow + tuple(c[1] for c in _CLAUSES[last + 1:])
         return A.Select(columns, source, pos=start.pos, **fields)
 
     # ------------------------------------------------------------ select list, FROM
@@ -275,7 +275,7 @@ class _Parser:
                 self.expect_op(")")
             return A.Documents(pos=t.pos)
         self.expect_op("(")
-        query = self.query_argument()
+        query = self.text_arg()
         if name == "CLASSIFY":
             if not self.tok.is_op(","):
                 self.unexpected(("','",), message=f"CLASSIFY takes the query and its labels: "
@@ -288,16 +288,6 @@ class _Parser:
         if name in ("MASKED", "TOKENS"):
             return A.Masked(query, name == "TOKENS", pos=t.pos)
         return (A.Evidence if name == "EVIDENCE" else A.Search)(query, pos=t.pos)
-
-    def query_argument(self) -> A.Expr:
-        t = self.tok
-        if t.kind == "string":
-            self.advance()
-            return A.Literal(t.value, pos=t.pos)
-        if t.kind == "param":
-            self.advance()
-            return self.param(t)
-        self.unexpected(("a string", "a parameter"))
 
     def labels(self) -> tuple[A.Label, ...] | A.Param:
         t = self.tok
@@ -327,14 +317,15 @@ class _Parser:
 
     def label_words(self) -> tuple[A.Expr, ...]:
         if not self.accept_op("("):
-            return (self.query_argument_word(("'('",)),)
-        words = [self.query_argument_word()]
+            return (self.text_arg(("'('",)),)
+        words = [self.text_arg()]
         while self.accept_op(","):
-            words.append(self.query_argument_word())
+            words.append(self.text_arg())
         self.expect_op(")", also=("','",))
         return tuple(words)
 
-    def query_argument_word(self, also: tuple[str, ...] = ()) -> A.Expr:
+    def text_arg(self, also: tuple[str, ...] = ()) -> A.Expr:
+        """A string or a parameter: a table function's query, a label's word."""
         t = self.tok
         if t.kind == "string":
             self.advance()
@@ -406,12 +397,8 @@ class _Parser:
         if t.is_op("-") and self.peek().kind in ("integer", "float"):
             self.advance()
             return A.Literal(-self.advance().value, pos=t.pos)
-        if t.is_keyword("TRUE", "FALSE", "NULL"):
-            self.advance()
-            return A.Literal({"TRUE": True, "FALSE": False, "NULL": None}[t.value], pos=t.pos)
-        if t.kind == "param":
-            self.advance()
-            return self.param(t)
+        if t.is_keyword(*_CONSTANTS) or t.kind == "param":
+            return self.primary(("a value",))
         if t.kind == "ident":
             self.advance()
             return A.Literal(t.value, pos=t.pos)
@@ -574,7 +561,7 @@ class _Parser:
             return A.Literal(t.value, pos=t.pos)
         if t.is_keyword("TRUE", "FALSE", "NULL"):
             self.advance()
-            return A.Literal({"TRUE": True, "FALSE": False, "NULL": None}[t.value], pos=t.pos)
+            return A.Literal(_CONSTANTS[t.value], pos=t.pos)
         if t.kind == "param":
             self.advance()
             return self.param(t)
@@ -617,6 +604,3 @@ class _Parser:
             self.expect_op(")", also=("','",))
         return self.node(A.Call, name.value.lower(), tuple(args), pos=name.pos)
 
-
-_FIELD_OF = {"AS": "as_of", "USING": "using", "WITH": "options", "WHERE": "where", "GROUP": "group_by",
-             "ORDER": "order_by", "LIMIT": "limit", "OFFSET": "offset"}

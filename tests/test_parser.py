@@ -44,7 +44,8 @@ UPDATE = os.environ.get("NPMDB_UPDATE_GOLDEN") == "1"
 CASES = sorted(p.stem for p in GOLDEN.glob("*.sql"))
 VALID = [c for c in CASES if not c.startswith("error_")]
 ERRORS = [c for c in CASES if c.startswith("error_")]
-FUZZ = settings(max_examples=300, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
+EXAMPLES = int(os.environ.get("NPMDB_FUZZ_EXAMPLES", "300"))  # raise it for a longer fuzzing run
+FUZZ = settings(max_examples=EXAMPLES, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _read(name: str) -> str:
@@ -475,7 +476,7 @@ def _renumber(node, counter=None):
     return node
 
 
-@settings(max_examples=400, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=EXAMPLES + 100, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
 @given(_statement)
 def test_generated_trees_round_trip(tree):
     tree = _renumber(tree)
@@ -485,7 +486,7 @@ def test_generated_trees_round_trip(tree):
     assert A.dump(parse(sql)) == A.dump(tree)
 
 
-@settings(max_examples=300, deadline=2000)
+@FUZZ
 @given(_expr)
 def test_generated_expressions_round_trip(expr):
     expr = _renumber(expr)

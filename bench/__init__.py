@@ -1,0 +1,1 @@
+"""npmdb benchmarks: quality (EM), latency, ingest. Run as ``python -m bench.NAME``."""

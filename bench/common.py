@@ -1,0 +1,61 @@
+"""Shared helpers for the benchmarks: data loading, SQuAD normalisation, result files."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import platform
+import re
+import string
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def load_jsonl(path: Path) -> list[dict]:
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def normalize_answer(s: str) -> str:
+    """SQuAD normalisation: lower case, strip punctuation and articles, fold white space."""
+    s = s.lower()
+    s = "".join(ch for ch in s if ch not in set(string.punctuation))
+    s = re.sub(r"\b(a|an|the)\b", " ", s)
+    return " ".join(s.split())
+
+
+def exact_match(pred: str | None, answers: list[str]) -> bool:
+    if pred is None:
+        return False
+    p = normalize_answer(pred)
+    return any(p == normalize_answer(a) for a in answers)
+
+
+def bucket(n: int) -> str:
+    return str(n) if n < 4 else "4+"
+
+
+def machine() -> dict[str, Any]:
+    import os
+    return {"python": platform.python_version(), "machine": platform.machine(),
+            "cpus": os.cpu_count(), "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def write_result(name: str, payload: dict, markdown: str) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=1, ensure_ascii=False))
+    (RESULTS / f"{name}.md").write_text(markdown)
+    return path
+
+
+def percentiles(ms: list[float]) -> dict[str, float]:
+    a = np.asarray(ms)
+    return {"p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99)),
+            "mean": float(a.mean()), "n": int(len(a))}

@@ -1,0 +1,137 @@
+"""Answer quality: exact match on masked-span queries, per retrieval mode.
+
+EM uses SQuAD normalisation and any gold answer; it is macro-averaged over answer lengths
+1, 2, 3, 4+ words (``answer_ngram``) as in the NPM paper, and reported micro too. The
+translation probe uses ``max_len=20`` (NPM's setting for entity translation). Sentiment
+is closed-set classification over a review corpus (the ``sentiment_train`` texts).
+
+    python -m bench.quality --data npmdb/data/dev-small            # builds/reuses a db
+    python -m bench.quality --data ../shared/data/dev --db dev.npmdb --version train-step-400
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from .common import bucket, exact_match, load_jsonl, machine, write_result
+
+MODES = ("bm25", "dense", "hybrid")
+
+
+def evaluate_cloze(db, rows: list[dict], mode: str, *, max_len: int = 10, version=None,
+                   k: int = 1024) -> dict:
+    by_len: dict[str, list[bool]] = defaultdict(list)
+    by_rel: dict[str, list[bool]] = defaultdict(list)
+    t0 = time.time()
+    for r in rows:
+        res = db.fill_mask(r["query"], retrieval=mode, max_len=max_len, top=1, k=k,
+                           evidence=0, version=version)
+        ok = exact_match(res.top.text if res.top else None, r["answers"])
+        by_len[bucket(int(r.get("answer_ngram", 1)))].append(ok)
+        by_rel[r.get("relation", "?")].append(ok)
+    flat = [x for v in by_len.values() for x in v]
+    macro = sum(100.0 * sum(v) / len(v) for v in by_len.values()) / max(len(by_len), 1)
+    return {"mode": mode, "n": len(flat), "em_macro": macro,
+            "em_micro": 100.0 * sum(flat) / max(len(flat), 1),
+            "by_length": {b: {"n": len(v), "em": 100.0 * sum(v) / len(v)} for b, v in sorted(by_len.items())},
+            "by_relation": {b: {"n": len(v), "em": 100.0 * sum(v) / len(v)} for b, v in sorted(by_rel.items())},
+            "seconds": time.time() - t0}
+
+
+def evaluate_sentiment(db, rows: list[dict], *, version=None, k: int = 1024,
+                       retrieval: str = "dense") -> dict:
+    correct = 0
+    t0 = time.time()
+    for r in rows:
+        labels = {"positive": ["great"], "negative": ["terrible"]}
+        res = db.classify(r["query"], labels, k=k, retrieval=retrieval, version=version,
+                          evidence=0)
+        pred = res.top.text if res.top and res.top.score > 0 else None
+        correct += pred == r["label"]
+    return {"mode": retrieval, "n": len(rows), "accuracy": 100.0 * correct / max(len(rows), 1),
+            "seconds": time.time() - t0}
+
+
+def build_db(path: Path, corpus: Path, encoder=None):
+    import npmdb
+
+    db = npmdb.open(path, encoder=encoder, progress=True)
+    if db.count() == 0:
+        print(f"building {path} from {corpus} …", file=sys.stderr)
+        db.add(corpus)
+    return db
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", type=Path, default=Path("npmdb/data/dev-small"))
+    ap.add_argument("--db", type=Path, default=None, help="database (built from the data's corpus if empty)")
+    ap.add_argument("--sentiment-db", type=Path, default=None)
+    ap.add_argument("--encoder", default=None)
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--tasks", default="cloze,translation,sentiment")
+    ap.add_argument("--limit", type=int, default=0, help="first N queries per task (0 = all)")
+    ap.add_argument("--version", default=None, help="AS OF this version id or tag")
+    ap.add_argument("--name", default=None, help="result file name (bench/results/NAME.json)")
+    args = ap.parse_args(argv)
+
+    data = args.data
+    db_path = args.db or Path("bench/work") / f"{data.name}.npmdb"
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    modes = [m for m in args.modes.split(",") if m]
+    tasks = [t for t in args.tasks.split(",") if t]
+    version = int(args.version) if args.version and args.version.isdigit() else args.version
+    out: dict = {"data": str(data), "db": str(db_path), "version": args.version,
+                 "machine": machine(), "tasks": {}}
+    db = build_db(db_path, data / "corpus.jsonl.gz", args.encoder)
+    with db:
+        out["encoder"] = db.encoder_for(0).info.name
+        out["stats"] = {k: v for k, v in db.stats().items() if k != "config"}
+        lim = (lambda rows: rows[: args.limit]) if args.limit else (lambda rows: rows)
+        if "cloze" in tasks:
+            rows = lim(load_jsonl(data / "cloze.jsonl"))
+            out["tasks"]["cloze"] = {m: evaluate_cloze(db, rows, m, version=version) for m in modes}
+        if "translation" in tasks:
+            rows = lim(load_jsonl(data / "translation.jsonl"))
+            out["tasks"]["translation"] = {m: evaluate_cloze(db, rows, m, max_len=20, version=version)
+                                           for m in modes}
+    if "sentiment" in tasks:
+        sdb_path = args.sentiment_db or Path("bench/work") / f"{data.name}-reviews.npmdb"
+        import npmdb
+        with npmdb.open(sdb_path, encoder=args.encoder, progress=True) as sdb:
+            if sdb.count() == 0:
+                train_rows = load_jsonl(data / "sentiment_train.jsonl")
+                sdb.add([{"id": r["id"], "text": r["text"]} for r in train_rows])
+            rows = lim(load_jsonl(data / "sentiment_test.jsonl"))
+            out["tasks"]["sentiment"] = {"dense": evaluate_sentiment(sdb, rows, version=None)}
+    md = render(out)
+    name = args.name or f"quality-{data.name}" + (f"-{args.version}" if args.version else "")
+    path = write_result(name, out, md)
+    print(md)
+    print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def render(out: dict) -> str:
+    lines = [f"## Quality — {out['data']} (encoder {out.get('encoder')}, version "
+             f"{out.get('version') or 'HEAD'})", "",
+             "| task | mode | n | EM macro (1/2/3/4+) | EM micro | 1 | 2 | 3 | 4+ | s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for task in ("cloze", "translation"):
+        for mode, r in out["tasks"].get(task, {}).items():
+            bl = r["by_length"]
+            cells = [f"{bl[b]['em']:.1f}" if b in bl else "–" for b in ("1", "2", "3", "4+")]
+            lines.append(f"| {task} | {mode} | {r['n']} | {r['em_macro']:.1f} | {r['em_micro']:.1f} | "
+                         + " | ".join(cells) + f" | {r['seconds']:.0f} |")
+    for mode, r in out["tasks"].get("sentiment", {}).items():
+        lines.append(f"| sentiment (accuracy) | {mode} | {r['n']} | {r['accuracy']:.1f} | | | | | | "
+                     f"{r['seconds']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
