@@ -44,6 +44,12 @@ mustn needn shan shouldn wasn weren won wouldn
 """.split())
 
 
+# Stopword entries that are contraction fragments ("it's", "don't", "we'll"): stopwords
+# only right after an apostrophe, so the "S" of "U.S." can still end a phrase.
+CONTRACTION_PARTS = frozenset({"s", "t", "d", "ll", "m", "o", "re", "ve", "y"})
+APOSTROPHES = frozenset("'’ʼ`")
+
+
 @lru_cache(maxsize=65536)
 def is_punct(s: str) -> bool:
     """True if ``s`` is non-empty and made only of punctuation and symbols."""
@@ -90,7 +96,10 @@ def token_flags(text: str, offsets: np.ndarray) -> np.ndarray:
             continue
         we = i - 1  # word spans tokens ws..we
         word = text[starts[ws]:ends[we]]
-        is_stop = word.casefold() in STOPWORDS
+        low = word.casefold()
+        is_stop = low in STOPWORDS and (
+            low not in CONTRACTION_PARTS
+            or (starts[ws] > 0 and text[starts[ws] - 1] in APOSTROPHES))
         is_p = is_punct(word)
         clean = not (is_stop or is_p)
         flags[ws] |= WORD_START | (VALID_START if clean else 0)

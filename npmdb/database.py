@@ -607,6 +607,8 @@ class Database:
                     remove_dir(p)
         for seg in sorted(orphans):
             self._remove_segment(seg)
+        from .maintenance import empty_trash
+        empty_trash(self)
         if stale_gens:
             def drop(txn):
                 cur = txn.cursor(db=self.env.dbs["vectors"])
@@ -641,6 +643,31 @@ class Database:
                 return m.id
             return self.env.write(txn_fn)
 
+    def checkout(self, ref: int | str) -> "VersionView":
+        """A read-only view of version ``ref`` (an id or a tag)."""
+        with self.snapshot(ref) as snap:
+            return VersionView(self, snap.manifest.id)
+
+    def restore(self, ref: int | str, *, message: str = "") -> int:
+        """Commit a new version equal to version ``ref`` (no data is copied)."""
+        from .maintenance import restore
+        return restore(self, ref, message)
+
+    def diff(self, a: int | str, b: int | str | None = None):
+        """Documents added, removed and changed from version ``a`` to ``b`` (HEAD)."""
+        from .maintenance import diff
+        return diff(self, a, b)
+
+    def optimize(self, *, message: str = "") -> int | None:
+        """Merge HEAD's segments into one, dropping deleted documents (a new version)."""
+        from .maintenance import optimize
+        return optimize(self, message)
+
+    def vacuum(self, *, keep_tags: bool = True, older_than: float | None = None) -> dict:
+        """Remove unkept versions and all data only they referenced (see maintenance)."""
+        from .maintenance import vacuum
+        return vacuum(self, keep_tags=keep_tags, older_than=older_than)
+
     @property
     def version(self) -> int | None:
         """HEAD's version id (None for an empty database)."""
@@ -658,6 +685,48 @@ class Database:
                                          "generation": m.generation if m else 0,
                                          "bytes": size}
         return data | {"config": dict(self.config)}
+
+
+class VersionView:
+    """A read-only view of one version: queries default to it; writes are refused."""
+
+    def __init__(self, db: Database, version: int) -> None:
+        self._db = db
+        self.version = version
+
+    def _opts(self, kw: dict) -> dict:
+        if kw.get("version") not in (None, self.version):
+            raise ProgrammingError(f"this view is of version {self.version}; query "
+                                   "other versions through the database")
+        kw["version"] = self.version
+        return kw
+
+    def fill_mask(self, query: str, **kw: Any) -> Result:
+        return self._db.fill_mask(query, **self._opts(kw))
+
+    def classify(self, query: str, labels, **kw: Any) -> Result:
+        return self._db.classify(query, labels, **self._opts(kw))
+
+    def search(self, text: str, **kw: Any):
+        return self._db.search(text, **self._opts(kw))
+
+    def get(self, doc_id: str):
+        return self._db.get(doc_id, version=self.version)
+
+    def documents(self):
+        return self._db.documents(version=self.version)
+
+    def count(self) -> int:
+        return self._db.count(self.version)
+
+    def _refuse(self, *a, **k):
+        raise OperationalError(f"version {self.version} is a read-only snapshot: write through "
+                               "the database (db.add / db.delete / db.restore)")
+
+    add = delete = update = tag = optimize = vacuum = restore = batch = _refuse
+
+    def __repr__(self) -> str:
+        return f"<npmdb.VersionView version={self.version} of {str(self._db.path)!r}>"
 
 
 class _Batch:

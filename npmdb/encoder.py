@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import re
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Sequence
@@ -183,7 +184,7 @@ class Encoder:
         for text, enc in zip(texts, encs):
             ids = np.asarray(enc.ids, dtype=np.int32)
             offs = np.asarray(enc.offsets, dtype=np.int32).reshape(-1, 2)
-            out.append(TokenizedText(ids, _trim_offsets(text, offs)))
+            out.append(TokenizedText(ids, _cover_dropped(text, _trim_offsets(text, offs))))
         return out
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -298,6 +299,30 @@ def _trim_offsets(text: str, offs: np.ndarray) -> np.ndarray:
         while e > s and text[e - 1].isspace():
             e -= 1
         out[i, 0], out[i, 1] = s, e
+    return out
+
+
+def _cover_dropped(text: str, offs: np.ndarray) -> np.ndarray:
+    """Extend tokens over characters the tokenizer dropped inside a word.
+
+    Uncased BERT strips accents and Arabic diacritics, so a combining mark after a letter
+    belongs to no token and leaves a gap in the offsets. A gap with no white space in it
+    is part of the word: the token before it absorbs it, so words are not split there and
+    answers sliced through offsets keep every character (``café`` in NFD, ``كَتَبَ``).
+    """
+    n = len(offs)
+    if n == 0:
+        return offs
+    out = offs.copy()
+    for i in range(n):
+        e = int(out[i, 1])
+        limit = int(out[i + 1, 0]) if i + 1 < n else len(text)
+        j = e
+        while j < limit and not text[j].isspace() and (
+                i + 1 < n or unicodedata.category(text[j])[0] in "MC"):
+            j += 1
+        if j > e and (j == limit or i + 1 == n or text[j].isspace()):
+            out[i, 1] = j
     return out
 
 

@@ -22,6 +22,8 @@ __all__ = [
     "ExecState", "Operator", "EncodeQuery", "DenseTopK", "ExactTopK", "BM25Blocks",
     "BlockTokens", "AssembleSpans", "ScoreSpans", "ScoreTokens", "Aggregate", "ClassifyLabels",
     "FilterAnswers", "OrderBy", "Limit", "AttachEvidence", "Group", "Occurrence",
+    "EvidenceRows", "BlockRows", "ScanDocuments", "FilterRows", "OrderRows", "LimitRows",
+    "Project",
 ]
 
 SIDE_FLAGS = {"start": VALID_START, "end": VALID_END, "token": VALID_START | VALID_END}
@@ -74,6 +76,8 @@ class ExecState:
     score: np.ndarray = field(default_factory=lambda: np.zeros(0))
     groups: list[Group] = field(default_factory=list)
     info: dict = field(default_factory=dict)
+    # row-level operators (EVIDENCE, SEARCH, DOCUMENTS): one dict per row, keyed by column
+    rows: list[dict] = field(default_factory=list)
 
 
 class Operator:
@@ -128,6 +132,10 @@ def _merge_topk(st: ExecState, side: str, found: list[tuple[int, np.ndarray, np.
     segs = np.concatenate([np.full(len(p), si, np.int64) for si, p, _ in found])
     pos = np.concatenate([p for _, p, _ in found])
     sc = np.concatenate([s for _, _, s in found])
+    key = segs * (1 << 40) + pos
+    _, first = np.unique(key, return_index=True)  # a token in both start and end indexes
+    if len(first) < len(key):
+        segs, pos, sc = segs[first], pos[first], sc[first]
     if len(sc) > k:
         keep = np.argpartition(-sc, k - 1)[:k]
         segs, pos = segs[keep], pos[keep]
@@ -145,9 +153,11 @@ class DenseTopK(Operator):
     side: str
     k: int
     children: tuple = ()
+    docs: str = ""  # the document filter, for EXPLAIN (the snapshot applies it)
 
     def detail(self) -> str:
-        return _fmt(side=self.side, k=self.k, index="ann")
+        return _fmt(side=self.side, k=self.k, index="ann") + (
+            f", docs: {self.docs} (oversampled)" if self.docs else "")
 
     def run(self, st: ExecState) -> int:
         snap = st.snapshot
@@ -179,9 +189,11 @@ class ExactTopK(Operator):
     side: str
     k: int
     children: tuple = ()
+    docs: str = ""  # the document filter, for EXPLAIN (the snapshot applies it)
 
     def detail(self) -> str:
-        return _fmt(side=self.side, k=self.k, index="exact scan")
+        return _fmt(side=self.side, k=self.k, index="exact scan") + (
+            f", docs: {self.docs} (masked)" if self.docs else "")
 
     def run(self, st: ExecState) -> int:
         snap = st.snapshot
@@ -204,22 +216,29 @@ class BM25Blocks(Operator):
 
     n: int
     children: tuple = ()
+    docs: str = ""  # the document filter, for EXPLAIN (the snapshot applies it)
 
     def detail(self) -> str:
-        return _fmt(blocks=self.n)
+        return _fmt(blocks=self.n) + (f", docs: {self.docs}" if self.docs else "")
 
     def run(self, st: ExecState) -> int:
         from npmdb.encoder import MASK_PATTERN
 
+        from npmdb.storage.bm25 import global_idf
+
         snap = st.snapshot
-        terms = analyze(MASK_PATTERN.sub(" ", st.text))
+        terms = list(dict.fromkeys(analyze(MASK_PATTERN.sub(" ", st.text))))
+        # one segment: tantivy's own statistics; several: global IDFs, as one big index
+        idf = global_idf([s.bm25() for s in snap.segments], terms) \
+            if len(snap.segments) > 1 else None
         hits = []
         for si, seg in enumerate(snap.segments):
             allowed = snap.allowed_docs(si)
             docs = None if allowed is None else np.flatnonzero(allowed)
             if docs is not None and len(docs) == 0:
                 continue
-            for block, _doc, score in seg.bm25().search(terms, self.n, docs=docs):
+            limit = min(self.n, len(seg.columns().block_ptr) - 1)  # tantivy panics on huge limits
+            for block, _doc, score in seg.bm25().search(terms, limit, docs=docs, idf=idf):
                 hits.append((si, block, score))
         hits.sort(key=lambda h: (-h[2], h[0], h[1]))
         st.blocks = hits[: self.n]
@@ -527,6 +546,8 @@ def _sort_value(g: Group, col: str):
         return fold(g.text)
     if col in ("length", "tokens"):
         return g.n_tokens
+    if col == "words":  # SQL's length(phrase): number of words
+        return len(g.text.split())
     return g.extra.get(col, 0)
 
 
@@ -586,3 +607,176 @@ def snippet(text: str, a: int, b: int, width: int = 80) -> str:
         hi = sp if sp != -1 else hi
     out = text[lo:hi].replace("\n", " ")
     return ("…" if lo > 0 else "") + out + ("…" if hi < len(text) else "")
+
+
+# -- row-level operators (EVIDENCE, SEARCH, DOCUMENTS) and projection -------------------------
+#
+# Rows are dicts keyed by column: plain names ("score", "snippet") and, for the document a
+# row comes from, "doc.id", "doc.title", "doc.text", "doc.meta".
+
+
+def _doc_columns(doc) -> dict:
+    return {"doc.id": doc.id, "doc.title": doc.title, "doc.text": doc.text, "doc.meta": doc.meta}
+
+
+@dataclass(frozen=True)
+class EvidenceRows(Operator):
+    """One row per occurrence of each answer (best first within an answer); ``per_answer``
+    caps the occurrences of one answer (0 = all of them)."""
+
+    per_answer: int = 0
+    offset: int = 0  # the answers' OFFSET, so that ``rank`` counts from offset + 1
+    children: tuple = ()
+
+    def detail(self) -> str:
+        return _fmt(per_answer=self.per_answer or "all")
+
+    def run(self, st: ExecState) -> int:
+        snap = st.snapshot
+        rows: list[dict] = []
+        for rank, g in enumerate(st.groups, start=self.offset + 1):
+            w = np.asarray(g.weights if g.weights is not None else st.score)
+            idx = g.idx[np.argsort(-w[g.idx], kind="stable")]
+            if self.per_answer:
+                idx = idx[: self.per_answer]
+            for i in idx.tolist():
+                si, s, e = int(st.seg[i]), int(st.s[i]), int(st.e[i])
+                cols = snap.segments[si].columns()
+                text, doc = surface(st, si, s, e)
+                a, b = int(cols.offsets[s, 0]), int(cols.offsets[e, 1])
+                rows.append({"phrase": g.text, "text": text, "support": g.support, "rank": rank,
+                             "answer_score": float(g.score), "score": float(w[i]),
+                             "start": a, "end": b, "snippet": snippet(doc.text, a, b),
+                             "tokens": e - s + 1, "length": len(text.split()),
+                             "version": snap.manifest.id, "generation": snap.generation,
+                             **_doc_columns(doc)})
+        st.rows = rows
+        return len(rows)
+
+
+@dataclass(frozen=True)
+class BlockRows(Operator):
+    """One row per retrieved block (``st.blocks``), as ``Database.search`` reports them."""
+
+    children: tuple = ()
+
+    def run(self, st: ExecState) -> int:
+        snap = st.snapshot
+        rows: list[dict] = []
+        for si, block, score in st.blocks:
+            cols = snap.segments[si].columns()
+            doc = snap.doc(si, int(cols.block_doc[block]))
+            a = int(cols.offsets[cols.block_ptr[block], 0])
+            b = int(cols.offsets[cols.block_ptr[block + 1] - 1, 1])
+            rows.append({"block": int(block), "score": float(score), "start": a, "end": b,
+                         "text": doc.text[a:b], "snippet": snippet(doc.text, a, b, 0)[:300],
+                         "version": snap.manifest.id, "generation": snap.generation,
+                         **_doc_columns(doc)})
+        st.rows = rows
+        return len(rows)
+
+
+@dataclass(frozen=True)
+class ScanDocuments(Operator):
+    """Every live document the snapshot allows (its document filter applies), in insertion
+    order; stops after ``stop_after`` rows when that is set (a folded LIMIT)."""
+
+    stop_after: int | None = None
+    docs: str = ""  # the document filter, for EXPLAIN (the snapshot applies it)
+    children: tuple = ()
+
+    def detail(self) -> str:
+        parts = [f"docs: {self.docs}"] if self.docs else []
+        if self.stop_after is not None:
+            parts.append(f"stop_after={self.stop_after}")
+        return ", ".join(parts)
+
+    def run(self, st: ExecState) -> int:
+        snap = st.snapshot
+        rows: list[dict] = []
+        for si, seg in enumerate(snap.segments):
+            allowed = snap.allowed_docs(si)
+            n_docs = int(seg.info["docs"])
+            locals_ = range(n_docs) if allowed is None else np.flatnonzero(allowed).tolist()
+            for local in locals_:
+                if self.stop_after is not None and len(rows) >= self.stop_after:
+                    break
+                doc = seg.doc(snap.txn, int(local))
+                rows.append({"version": snap.manifest.id, "generation": snap.generation,
+                             **_doc_columns(doc)})
+        st.rows = rows
+        return len(rows)
+
+
+@dataclass(frozen=True)
+class FilterRows(Operator):
+    describe: str
+    predicate: Callable[[dict], bool] = field(compare=False, repr=False)
+    children: tuple = ()
+
+    def detail(self) -> str:
+        return self.describe
+
+    def run(self, st: ExecState) -> int:
+        st.rows = [r for r in st.rows if self.predicate(r)]
+        return len(st.rows)
+
+
+@dataclass(frozen=True)
+class OrderRows(Operator):
+    """Sort rows by ``keys``: (describe, key function, descending); NULLs sort last."""
+
+    keys: tuple = ()
+    children: tuple = ()
+
+    def detail(self) -> str:
+        return ", ".join(f"{d} {'DESC' if desc else 'ASC'}" for d, _, desc in self.keys)
+
+    def run(self, st: ExecState) -> int:
+        from npmdb.errors import ProgrammingError
+
+        for describe, fn, desc in reversed(self.keys):
+            values = [fn(r) for r in st.rows]
+            present = [i for i, v in enumerate(values) if v is not None]
+            missing = [i for i, v in enumerate(values) if v is None]
+            try:
+                present.sort(key=lambda i: values[i], reverse=desc)
+            except TypeError:
+                kinds = sorted({type(values[i]).__name__ for i in present})
+                raise ProgrammingError(f"ORDER BY {describe}: cannot sort values of different "
+                                       f"types ({', '.join(kinds)})") from None
+            st.rows = [st.rows[i] for i in present + missing]
+        return len(st.rows)
+
+
+@dataclass(frozen=True)
+class LimitRows(Operator):
+    n: int | None = None
+    offset: int = 0
+    children: tuple = ()
+
+    def detail(self) -> str:
+        return _fmt(limit=self.n, offset=self.offset) if self.n is not None else _fmt(offset=self.offset)
+
+    def run(self, st: ExecState) -> int:
+        end = None if self.n is None else self.offset + self.n
+        st.rows = st.rows[self.offset:end]
+        return len(st.rows)
+
+
+@dataclass(frozen=True)
+class Project(Operator):
+    """The select list: ``make(state)`` returns the output rows (tuples), which are left in
+    ``state.info["projection"]`` as ``(columns, rows)``."""
+
+    columns: tuple[str, ...]
+    make: Callable[[ExecState], list[tuple]] = field(compare=False, repr=False)
+    children: tuple = ()
+
+    def detail(self) -> str:
+        return ", ".join(self.columns)
+
+    def run(self, st: ExecState) -> int:
+        rows = self.make(st)
+        st.info["projection"] = (self.columns, tuple(rows))
+        return len(rows)

@@ -1,12 +1,14 @@
 """From a query spec to a physical plan (``fill_mask``, ``classify`` and SQL share it).
 
-    Limit → OrderBy → [FilterAnswers] → Aggregate|ClassifyLabels → ScoreSpans|ScoreTokens
-      → AssembleSpans → retrieval (DenseTopK×2 | ExactTopK×2 | BM25Blocks→BlockTokens) → EncodeQuery
+    [tail: EvidenceRows, Project ...] → [AttachEvidence] → Limit → OrderBy → [FilterAnswers]
+      → Aggregate|ClassifyLabels → ScoreSpans|ScoreTokens → AssembleSpans
+      → retrieval (DenseTopK×2 | ExactTopK×2 | BM25Blocks→BlockTokens) → EncodeQuery
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import replace
+from typing import Callable, Sequence
 
 from .operators import (
     Aggregate, AssembleSpans, AttachEvidence, BlockTokens, BM25Blocks, ClassifyLabels,
@@ -21,15 +23,17 @@ __all__ = ["plan_masked", "plan_classify"]
 
 def _retrieval(spec, sides: tuple[str, ...]) -> Operator:
     enc = EncodeQuery(spec.mode)
+    docs = spec.doc_filter.describe if spec.doc_filter is not None else ""
     dense: list[Operator] = []
     if spec.retrieval in ("dense", "hybrid"):
         cls = ExactTopK if spec.exact else DenseTopK
-        dense = [cls(side, spec.k, children=(enc,)) for side in sides]
+        dense = [cls(side, spec.k, children=(enc,), docs=docs) for side in sides]
     lexical: list[Operator] = []
     if spec.retrieval in ("bm25", "hybrid"):
-        lexical = [BlockTokens(spec.mode, children=(BM25Blocks(spec.blocks),))]
+        bm25 = BM25Blocks(spec.blocks, docs=docs)
+        lexical = [BlockTokens(spec.mode, children=(bm25,))]
         if not dense:
-            lexical = [BlockTokens(spec.mode, children=(BM25Blocks(spec.blocks), enc))]
+            lexical = [BlockTokens(spec.mode, children=(bm25, enc))]
     return tuple(dense + lexical)  # type: ignore[return-value]
 
 
@@ -41,8 +45,16 @@ def _candidates(spec) -> Operator:
     return ScoreTokens(spec.tau, children=_retrieval(spec, ("token",)))
 
 
+def _wrap(op: Operator, tail: Sequence[Operator]) -> Operator:
+    """Stack ``tail`` operators (built without children) on top of ``op``, first lowest."""
+    for t in tail:
+        op = replace(t, children=(op,))
+    return op
+
+
 def plan_masked(spec: MaskedSpec, *, answer_filter: tuple[str, Callable] | None = None,
-                order: tuple[tuple[str, bool], ...] = (("score", True),)) -> Plan:
+                order: tuple[tuple[str, bool], ...] = (("score", True),),
+                tail: Sequence[Operator] = ()) -> Plan:
     op: Operator = Aggregate("word" if spec.mode == "token" and spec.group_by == "word"
                              else spec.group_by, spec.alpha, children=(_candidates(spec),))
     if answer_filter is not None:
@@ -51,15 +63,18 @@ def plan_masked(spec: MaskedSpec, *, answer_filter: tuple[str, Callable] | None 
     op = Limit(spec.top, spec.offset, children=(op,))
     if spec.evidence:
         op = AttachEvidence(spec.evidence, children=(op,))
-    return Plan(op, kind="masked")
+    return Plan(_wrap(op, tail), kind="masked")
 
 
-def plan_classify(spec: ClassifySpec, *, order: tuple[tuple[str, bool], ...] = (("score", True),)
-                  ) -> Plan:
+def plan_classify(spec: ClassifySpec, *, answer_filter: tuple[str, Callable] | None = None,
+                  order: tuple[tuple[str, bool], ...] = (("score", True),),
+                  tail: Sequence[Operator] = ()) -> Plan:
     op: Operator = ClassifyLabels(spec.labels, spec.tau, spec.mode, children=(_candidates(spec),))
+    if answer_filter is not None:
+        op = FilterAnswers(answer_filter[0], answer_filter[1], children=(op,))
     op = OrderBy(order, children=(op,))
     if spec.top or spec.offset:
         op = Limit(spec.top, spec.offset, children=(op,))
     if spec.evidence:
         op = AttachEvidence(spec.evidence, children=(op,))
-    return Plan(op, kind="classify")
+    return Plan(_wrap(op, tail), kind="classify")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,7 +12,7 @@ import tantivy
 
 from npmdb.errors import OperationalError
 
-__all__ = ["BlockDoc", "build_bm25", "BM25Index", "analyze"]
+__all__ = ["BlockDoc", "build_bm25", "BM25Index", "analyze", "bm25_idf", "global_idf"]
 
 _ANALYZER = (tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.simple())
              .filter(tantivy.Filter.remove_long(40)).filter(tantivy.Filter.lowercase()).build())
@@ -72,21 +73,37 @@ class BM25Index:
         self.schema = self.index.schema
         self.searcher = self.index.searcher()
 
-    def query(self, terms: Sequence[str], *, docs: Sequence[int] | None = None) -> tantivy.Query:
-        shoulds = [(tantivy.Occur.Should, tantivy.Query.term_query(self.schema, "text", t))
-                   for t in dict.fromkeys(terms)]
+    def term_stats(self, terms: Sequence[str]) -> tuple[int, list[int]]:
+        """(number of blocks, document frequency of each term) in this segment."""
+        return self.searcher.num_docs, [self.searcher.doc_freq("text", t) for t in terms]
+
+    def query(self, terms: Sequence[str], *, docs: Sequence[int] | None = None,
+              idf: Sequence[float] | None = None) -> tantivy.Query:
+        """OR of the terms; with ``idf`` (global IDFs, one per term) each term is boosted by
+        ``idf / local idf`` so scores use the statistics of the whole version."""
+        terms = list(dict.fromkeys(terms)) if idf is None else list(terms)
+        shoulds = []
+        n_docs = self.searcher.num_docs
+        for i, t in enumerate(terms):
+            q = tantivy.Query.term_query(self.schema, "text", t)
+            if idf is not None:
+                df = self.searcher.doc_freq("text", t)
+                if df == 0:
+                    continue
+                q = tantivy.Query.boost_query(q, float(idf[i] / bm25_idf(df, n_docs)))
+            shoulds.append((tantivy.Occur.Should, q))
         q = tantivy.Query.boolean_query(shoulds)
         if docs is not None:
             allowed = tantivy.Query.term_set_query(self.schema, "doc", [int(d) for d in docs])
             q = tantivy.Query.boolean_query([(tantivy.Occur.Must, q), (tantivy.Occur.Must, allowed)])
         return q
 
-    def search(self, terms: Sequence[str], n: int, *, docs: Sequence[int] | None = None
-               ) -> list[tuple[int, int, float]]:
+    def search(self, terms: Sequence[str], n: int, *, docs: Sequence[int] | None = None,
+               idf: Sequence[float] | None = None) -> list[tuple[int, int, float]]:
         """Top ``n`` blocks as ``(block, doc, score)``, best first."""
         if not terms or n <= 0:
             return []
-        res = self.searcher.search(self.query(terms, docs=docs), limit=n, count=False)
+        res = self.searcher.search(self.query(terms, docs=docs, idf=idf), limit=n, count=False)
         if not res.hits:
             return []
         addrs = [a for _, a in res.hits]
@@ -97,6 +114,21 @@ class BM25Index:
     @property
     def num_docs(self) -> int:
         return self.searcher.num_docs
+
+
+def bm25_idf(df: int, n_docs: int) -> float:
+    """tantivy's (and Lucene's) BM25 IDF."""
+    return math.log(1.0 + (n_docs - df + 0.5) / (df + 0.5))
+
+
+def global_idf(indexes: Sequence["BM25Index"], terms: Sequence[str]) -> list[float]:
+    """IDF of each term over all ``indexes`` together, as one index over all blocks."""
+    total, dfs = 0, [0] * len(terms)
+    for ix in indexes:
+        n, d = ix.term_stats(terms)
+        total += n
+        dfs = [a + b for a, b in zip(dfs, d)]
+    return [bm25_idf(df, total) for df in dfs]
 
 
 def _fsync(path: Path) -> None:

@@ -81,12 +81,15 @@ _CODES = {v: k for k, v in _DTYPES.items()}
 
 
 def pack_array(a: np.ndarray) -> bytes:
-    a = np.ascontiguousarray(a)
+    a = np.asarray(a)
     dt = a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype
-    code = _CODES[np.dtype(dt)]
-    payload = a.astype(dt, copy=False).tobytes()
-    head = struct.pack("<2sBBI", _MAGIC, code, a.ndim, zlib.crc32(payload))
-    head += struct.pack(f"<{a.ndim}Q", *a.shape)
+    code = _CODES.get(np.dtype(dt))
+    if code is None:
+        raise DataError(f"arrays of dtype {a.dtype} cannot be stored")
+    payload = a.astype(dt, copy=False).tobytes(order="C")
+    shape = struct.pack(f"<{a.ndim}Q", *a.shape)
+    crc = zlib.crc32(payload, zlib.crc32(bytes([code, a.ndim]) + shape))
+    head = struct.pack("<2sBBI", _MAGIC, code, a.ndim, crc) + shape
     head += b"\0" * (-len(head) % 16)
     return head + payload
 
@@ -97,18 +100,25 @@ def unpack_array(buf: bytes | memoryview, *, verify: bool = False, what: str = "
     if len(buf) < 8 or bytes(buf[:2]) != _MAGIC:
         raise OperationalError(f"corrupt {what}: bad header (run `npmdb check`)")
     _, code, ndim, crc = struct.unpack_from("<2sBBI", buf, 0)
+    if ndim > 8 or len(buf) < 8 + 8 * ndim:
+        raise OperationalError(f"corrupt {what}: bad header (ndim {ndim})")
     shape = struct.unpack_from(f"<{ndim}Q", buf, 8)
     hlen = 8 + 8 * ndim
     hlen += -hlen % 16
     dtype = _DTYPES.get(code)
     if dtype is None:
         raise OperationalError(f"corrupt {what}: unknown dtype code {code}")
-    n = int(np.prod(shape)) if ndim else 1
+    n = 1
+    for d in shape:
+        n *= int(d)
+    if n > len(buf):
+        raise OperationalError(f"corrupt {what}: shape {shape} does not fit {len(buf)} bytes")
     if len(buf) != hlen + n * dtype.itemsize:
         raise OperationalError(f"corrupt {what}: {len(buf)} bytes, expected "
                                f"{hlen + n * dtype.itemsize}")
     arr = np.frombuffer(buf, dtype=dtype, count=n, offset=hlen).reshape(shape)
-    if verify and zlib.crc32(memoryview(buf)[hlen:]) != crc:
+    head_crc = zlib.crc32(bytes([code, ndim]) + bytes(buf[8:8 + 8 * ndim]))
+    if verify and zlib.crc32(memoryview(buf)[hlen:], head_crc) != crc:
         raise OperationalError(f"corrupt {what}: checksum mismatch (the file was damaged); "
                                "restore from a backup or re-add the affected documents")
     return arr

@@ -6,6 +6,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar
@@ -24,12 +25,36 @@ INITIAL_MAP = 1 << 30  # 1 GiB; grows by doubling when full
 MAX_MAP = 1 << 40
 
 
+_SHARED: dict[str, list] = {}  # realpath -> [lmdb.Environment, dbs, refcount, readonly]
+_SHARED_LOCK = threading.Lock()
+
+
 class Env:
-    """An LMDB environment holding npmdb's sub-databases."""
+    """An LMDB environment holding npmdb's sub-databases.
+
+    LMDB allows one environment per file per process, so handles on the same directory
+    share it (reference-counted); ``readonly`` is then enforced by npmdb, not by LMDB.
+    """
 
     def __init__(self, path: Path, *, readonly: bool = False, create: bool = True) -> None:
         self.path = Path(path)
         self.readonly = readonly
+        self._key = str(self.path.resolve())
+        self._closed = False
+        with _SHARED_LOCK:
+            shared = _SHARED.get(self._key)
+            if shared is not None:
+                if shared[3] and not readonly:
+                    raise OperationalError(
+                        f"{self.path} is already open read-only in this process; close that "
+                        "handle before opening it for writing")
+                shared[2] += 1
+                self.env, self.dbs = shared[0], shared[1]
+                return
+            self._open(readonly, create)
+            _SHARED[self._key] = [self.env, self.dbs, 1, readonly]
+
+    def _open(self, readonly: bool, create: bool) -> None:
         data = self.path / "data.mdb"
         map_size = max(INITIAL_MAP, _next_pow2(data.stat().st_size * 2) if data.exists() else 0)
         try:
@@ -49,6 +74,16 @@ class Env:
                     f"{self.path} is not an npmdb database (missing table {name!r})") from None
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with _SHARED_LOCK:
+            shared = _SHARED.get(self._key)
+            if shared is not None and shared[0] is self.env:
+                shared[2] -= 1
+                if shared[2] > 0:
+                    return
+                del _SHARED[self._key]
         self.env.close()
 
     # -- transactions ------------------------------------------------------------------

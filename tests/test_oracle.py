@@ -23,10 +23,7 @@ import re
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
-
-import npmdb
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib
 from oracle import MASK_RE, Oracle, compare, fold  # noqa: E402

@@ -32,6 +32,7 @@ generation written. Nothing is pickled.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import math
@@ -63,14 +64,15 @@ OBJECTIVES = ("phrase", "token")
 PRESETS: dict[str, dict[str, Any]] = {
     # NPM-like defaults (the issue's signature): small learning rate, 16 blocks.
     "default": dict(batch_blocks=16, lr=3e-5, group_size=8, warmup=0.06,
-                    weight_decay=0.01, max_grad_norm=1.0, mask_ratio=0.15),
+                    weight_decay=0.01, max_grad_norm=1.0, mask_ratio=0.15,
+                    target_grad=True, freeze_embeddings=False),
     # The recipe tuned on the bundled dev-small corpus with all-MiniLM-L6-v2 on 2 CPU
     # cores (<= 30 min with refreshes); see the README/report for its numbers.
     "demo": dict(steps=600, batch_blocks=32, lr=1e-4, group_size=8, warmup=0.06,
                  weight_decay=0.01, max_grad_norm=1.0, mask_ratio=0.15),
 }
 _PRESET_KEYS = ("steps", "batch_blocks", "lr", "group_size", "warmup", "weight_decay",
-                "max_grad_norm", "mask_ratio")
+                "max_grad_norm", "mask_ratio", "target_grad", "freeze_embeddings")
 
 
 # --------------------------------------------------------------------------- report
@@ -105,6 +107,7 @@ class TrainReport:
     head_generation: int | None
     device: str
     resumed_from: int | None
+    refreshes_dropped: int = 0
     config: dict = dataclasses.field(default_factory=dict, compare=False)
 
     @property
@@ -249,19 +252,33 @@ def _autocast(device: "torch.device"):
     return contextlib.nullcontext()
 
 
-def _chunks(lengths: list[int], chunk_tokens: int) -> list[list[int]]:
-    """Rows grouped by length so that a padded chunk holds <= ``chunk_tokens`` tokens."""
+def _chunks(lengths: list[int], chunk_tokens: int, overhead: int = 96) -> list[list[int]]:
+    """Rows grouped into forward passes of <= ``chunk_tokens`` padded tokens.
+
+    Rows are sorted by length and cut where the padded cost ``sum(rows * longest) +
+    overhead per pass`` is smallest (dynamic programming over the sorted lengths), so
+    short blocks are not padded to a long one's length.
+    """
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    ls = [lengths[i] for i in order]
+    n = len(ls)
+    best = [0.0] + [math.inf] * n   # best[j]: cost of rows order[:j]
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        longest = ls[j - 1]
+        for i in range(j - 1, -1, -1):
+            rows = j - i
+            if rows > 1 and rows * longest > chunk_tokens:
+                break
+            c = best[i] + rows * longest + overhead
+            if c < best[j]:
+                best[j], cut[j] = c, i
     out: list[list[int]] = []
-    cur: list[int] = []
-    for i in order:
-        if cur and (len(cur) + 1) * lengths[i] > chunk_tokens:
-            out.append(cur)
-            cur = []
-        cur.append(i)
-    if cur:
-        out.append(cur)
-    return out
+    j = n
+    while j > 0:
+        out.append(order[cut[j]:j])
+        j = cut[j]
+    return out[::-1]
 
 
 class _RowEncoder:
@@ -336,11 +353,15 @@ def _assemble(outs: list["torch.Tensor"], plan: list[list[int]], n_rows: int, wi
 
 
 def _backward(rows: _RowEncoder, mb: Any, objective: str, *, grad_cache: bool = False,
-              loss_chunk: int | None = None) -> Any:
+              loss_chunk: int | None = None, target_grad: bool = True) -> Any:
     """Encode a masked batch, compute NPM's loss and back-propagate; returns LossStats.
 
-    ``grad_cache``: no graph is kept across chunks; see the module docstring.
+    ``grad_cache``: no graph is kept across chunks (see the module docstring).
+    ``target_grad=False`` encodes the unmasked blocks (the candidates) without a graph:
+    only the masked side is back-propagated (cheaper, not NPM's objective exactly).
     """
+    import contextlib
+
     import torch
 
     from .loss import phrase_loss, token_loss
@@ -352,7 +373,14 @@ def _backward(rows: _RowEncoder, mb: Any, objective: str, *, grad_cache: bool = 
     tm = mb.target_attention_mask.sum(1).tolist()
     ids = [mb.input_ids[b, :int(am[b])].cpu() for b in range(B)] + \
           [mb.target_ids[b, :int(tm[b])].cpu() for b in range(B)]
-    plan = rows.plan(ids)
+    if target_grad:
+        plan = rows.plan(ids)
+        grad_chunk = [True] * len(plan)
+    else:
+        plan_q = rows.plan(ids[:B])
+        plan_t = [[B + r for r in c] for c in rows.plan(ids[B:])]
+        plan = plan_q + plan_t
+        grad_chunk = [True] * len(plan_q) + [False] * len(plan_t)
 
     def loss_of(outs: list[torch.Tensor]):
         hidden = _assemble(outs, plan, 2 * B, max(L, Lt))
@@ -364,14 +392,21 @@ def _backward(rows: _RowEncoder, mb: Any, objective: str, *, grad_cache: bool = 
         q = hq[mb.block, mb.start_mask_pos]
         return token_loss(q, ht, mb, chunk_size=loss_chunk)
 
+    def encode(chunk: list[int], grad: bool) -> torch.Tensor:
+        with contextlib.nullcontext() if grad else torch.no_grad():
+            return rows.forward(ids, [chunk])[0]
+
     if not grad_cache:
-        loss, stats = loss_of(rows.forward(ids, plan))
+        loss, stats = loss_of([encode(c, g) for c, g in zip(plan, grad_chunk)])
         loss.backward()
         return stats
     states: list = []
+    cached = []
     with torch.no_grad():
-        cached = rows.forward(ids, plan, rng_states=states)
-    leaves = [c.detach().float().requires_grad_(True) for c in cached]
+        for c in plan:
+            states.append(_rng_state(dev))
+            cached.append(rows.forward(ids, [c])[0])
+    leaves = [x.detach().float().requires_grad_(g) for x, g in zip(cached, grad_chunk)]
     loss, stats = loss_of(leaves)
     loss.backward()
     after_state = _rng_state(dev)
@@ -383,7 +418,6 @@ def _backward(rows: _RowEncoder, mb: Any, objective: str, *, grad_cache: bool = 
         out.float().backward(leaf.grad)
     _set_rng_state(after_state, dev)
     return stats
-
 
 # --------------------------------------------------------------------------- helpers
 
@@ -462,6 +496,8 @@ def train(
     max_span_len: int = 10,
     clean_edges: bool = True,
     grad_cache: bool = False,
+    target_grad: bool | None = None,
+    freeze_embeddings: bool | None = None,
     chunk_tokens: int = 4096,
     loss_chunk: int | None = None,
     device: str | None = None,
@@ -547,7 +583,8 @@ def train(
                                    "state (train without resume=True first)")
     explicit = dict(steps=steps, batch_blocks=batch_blocks, lr=lr, group_size=group_size,
                     warmup=warmup, weight_decay=weight_decay, max_grad_norm=max_grad_norm,
-                    mask_ratio=mask_ratio)
+                    mask_ratio=mask_ratio, target_grad=target_grad,
+                    freeze_embeddings=freeze_embeddings)
     hp: dict[str, Any] = dict(PRESETS["default"])
     hp["steps"] = None
     if saved is not None:
@@ -566,6 +603,8 @@ def train(
     weight_decay = _check_float("weight_decay", hp["weight_decay"], 0.0)
     max_grad_norm = _check_float("max_grad_norm", hp["max_grad_norm"], 0.0)
     mask_ratio = _check_float("mask_ratio", hp["mask_ratio"], 0.0, 1.0, lo_open=True)
+    target_grad = bool(hp["target_grad"])
+    freeze_embeddings = bool(hp["freeze_embeddings"])
     if saved is not None:
         s = saved[0]
         objective, seed = s["objective"], int(s["seed"])
@@ -593,6 +632,9 @@ def train(
         progress = db.progress
 
     # ---- data
+    if db.version is None or db.count() == 0:
+        raise ProgrammingError("the database has no documents to train on: add some with "
+                               "db.add(...)")
     corpus = load_blocks(db)
     if corpus.num_blocks < 2:
         raise ProgrammingError("training needs at least 2 blocks in the database")
@@ -613,7 +655,9 @@ def train(
     model.train()
     for p in model.parameters():
         p.requires_grad_(True)
-    named = dict(model.named_parameters())
+    if freeze_embeddings:
+        model.get_input_embeddings().weight.requires_grad_(False)
+    named = {n: p for n, p in model.named_parameters() if p.requires_grad}
     names = {id(p): n for n, p in named.items()}
     no_decay = [p for n, p in named.items() if n.endswith("bias") or "LayerNorm" in n
                 or "layer_norm" in n or p.dim() < 2]
@@ -632,7 +676,8 @@ def train(
     hyper = dict(batch_blocks=batch_blocks, lr=lr, group_size=group_size, warmup=warmup_v,
                  weight_decay=weight_decay, max_grad_norm=max_grad_norm,
                  mask_ratio=mask_ratio, grouping=grouping, clean_edges=clean_edges,
-                 max_span_len=max_span_len)
+                 max_span_len=max_span_len, target_grad=target_grad,
+                 freeze_embeddings=freeze_embeddings)
 
     # ---- loop state
     losses: list[float] = []
@@ -641,7 +686,6 @@ def train(
     spans_hist: list[int] = []
     pos_hist: list[float] = []
     skipped = 0
-    last_submitted = 0
     copy_seconds = 0.0
 
     def snapshot_job(step: int) -> RefreshJob:
@@ -669,7 +713,9 @@ def train(
 
     bar = _progress(steps, start_step, progress)
     step = start_step
-    with Refresher(db) as refresher:
+    with contextlib.ExitStack() as stack:
+        stack.callback(bar.close)
+        refresher = stack.enter_context(Refresher(db))
         t_loop = time.perf_counter()
         while step < steps:
             refresher.check()
@@ -697,7 +743,7 @@ def train(
             # ---- forward / backward
             opt.zero_grad(set_to_none=True)
             stats = _backward(rows, mb.to(dev), objective, grad_cache=grad_cache,
-                              loss_chunk=loss_chunk)
+                              loss_chunk=loss_chunk, target_grad=target_grad)
             if max_grad_norm > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
             opt.step()
@@ -731,15 +777,13 @@ def train(
             # ---- refresh
             if refresh_every and step % refresh_every == 0 and step < steps:
                 refresher.submit(snapshot_job(step))
-                last_submitted = step
         train_time = time.perf_counter() - t_loop - copy_seconds
-        if last_submitted != steps:
-            refresher.submit(snapshot_job(steps))
+        refresher.submit(snapshot_job(steps))  # the final generation becomes HEAD
         bar.set_postfix(ordered_dict={"loss": f"{_window_mean(losses, 1.0, 20):.3f}",
                                       "refresh": "final"})
         refresher.close(drain=True)
         done = list(refresher.done)
-    bar.close()
+        dropped = refresher.dropped
 
     with db.env.read() as txn:
         from npmdb.storage import versions as V
@@ -756,7 +800,7 @@ def train(
         generations=tuple(d.generation for d in done),
         tags=tuple(d.tag for d in done if d.tag), head_version=head.id if head else None,
         head_generation=head.generation if head else None, device=str(dev),
-        resumed_from=start_step if saved is not None else None,
+        resumed_from=start_step if saved is not None else None, refreshes_dropped=dropped,
         config=dict(hyper, steps=steps, objective=objective, seed=seed,
                     refresh_every=refresh_every, grad_cache=grad_cache, preset=preset),
     )

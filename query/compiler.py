@@ -1,0 +1,583 @@
+"""Logical plan → physical plan, and running it.
+
+MASKED, TOKENS, EVIDENCE and CLASSIFY compile to a :class:`~npmdb.query.spec.MaskedSpec`
+or :class:`~npmdb.query.spec.ClassifySpec` plus the arguments of
+:func:`~npmdb.query.planner.plan_masked` / :func:`~npmdb.query.planner.plan_classify`
+(answer filter, order, and a tail of row operators ending in ``Project``), and run through
+``Database.run_masked`` / ``run_classify``: the same plans ``fill_mask`` and ``classify``
+build. SEARCH and DOCUMENTS compile to small operator chains (BM25Blocks → BlockRows,
+ScanDocuments) run over one snapshot. WHERE's document terms become a
+:class:`~npmdb.query.spec.DocFilter` that the snapshot applies during retrieval.
+
+Expressions are compiled to closures over a row (a dict keyed by canonical column:
+``phrase``, ``score``, ``doc.id``, ``doc.meta`` ...). SQL semantics: NULL propagates
+through comparisons and arithmetic, AND/OR/NOT are three-valued, WHERE keeps rows whose
+condition is TRUE; ``=`` on text is exact, ``LIKE`` is case-insensitive (``%`` any run,
+``_`` one character, matched without backtracking); ``length(text)`` counts words;
+comparing text with a number is a ProgrammingError (``=`` is simply false).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Callable
+
+from npmdb.errors import ProgrammingError
+
+from . import ast as A
+from . import logical as L
+from .lexer import error_at
+from .operators import (
+    BlockRows, BM25Blocks, EvidenceRows, ExecState, FilterRows, LimitRows, Operator, OrderRows,
+    Project, ScanDocuments,
+)
+from .plan import Plan
+from .planner import plan_classify, plan_masked
+from .printer import expr_to_sql
+from .spec import ClassifySpec, DocFilter, MaskedSpec
+
+__all__ = ["Compiled", "compile_plan", "compile_expr", "like", "show", "format_explain"]
+
+Row = dict
+
+
+# ================================================================ expressions
+
+def _getter(parts: tuple[str, ...]) -> Callable[[Row], Any]:
+    if parts[0] == "doc":
+        key, rest = "doc." + parts[1], parts[2:]
+    else:
+        key, rest = parts[0], parts[1:]
+    if not rest:
+        return lambda r: r.get(key)
+
+    def get(r: Row) -> Any:
+        v = r.get(key)
+        for p in rest:
+            v = v.get(p) if isinstance(v, dict) else None
+        return v
+    return get
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float))  # bool is an int: TRUE = 1
+
+
+def _kind(v: Any) -> str:
+    if isinstance(v, bool):
+        return "boolean"
+    if _is_num(v):
+        return "number"
+    if isinstance(v, str):
+        return "text"
+    return type(v).__name__
+
+
+@lru_cache(maxsize=256)
+def like(pattern: str) -> Callable[[str], bool]:
+    """A case-insensitive SQL LIKE matcher for ``pattern`` (``%``: any run, ``_``: one
+    character); linear-time per segment, no regular expressions, no backtracking blowup."""
+    p = pattern.lower()
+    parts = p.split("%")
+
+    def at(s: str, i: int, part: str) -> bool:
+        if i < 0 or i + len(part) > len(s):
+            return False
+        if "_" not in part:
+            return s.startswith(part, i)
+        return all(c == "_" or c == s[i + k] for k, c in enumerate(part))
+
+    def find(s: str, start: int, stop: int, part: str) -> int:
+        if "_" not in part:
+            j = s.find(part, start, stop)
+            return j
+        for i in range(start, stop - len(part) + 1):
+            if at(s, i, part):
+                return i
+        return -1
+
+    def match(s: str) -> bool:
+        s = s.lower()
+        if len(parts) == 1:
+            return len(s) == len(p) and at(s, 0, p)
+        first, last = parts[0], parts[-1]
+        end = len(s) - len(last)
+        if end < len(first) or not at(s, 0, first) or not at(s, end, last):
+            return False
+        i = len(first)
+        for part in parts[1:-1]:
+            if not part:
+                continue
+            j = find(s, i, end, part)
+            if j < 0:
+                return False
+            i = j + len(part)
+        return True
+    return match
+
+
+class _ExprCompiler:
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def fail(self, node: Any, message: str) -> ProgrammingError:
+        return error_at(self.text, getattr(node, "pos", None) or 0, message)
+
+    def truth(self, v: Any, node: Any) -> bool | None:
+        if v is None or isinstance(v, bool):
+            return v
+        raise self.fail(node, f"expected a condition (TRUE, FALSE or NULL), got {_kind(v)} "
+                              f"{v!r:.60} from {expr_to_sql(node):.80}")
+
+    def compile(self, e: A.Expr) -> Callable[[Row], Any]:
+        m = getattr(self, "c_" + type(e).__name__, None)
+        if m is None:
+            raise self.fail(e, f"cannot evaluate {type(e).__name__}")
+        return m(e)
+
+    def condition(self, e: A.Expr) -> Callable[[Row], bool]:
+        """A predicate: True only where ``e`` is TRUE (NULL and FALSE drop the row)."""
+        f = self.compile(e)
+        return lambda r: self.truth(f(r), e) is True
+
+    # ------------------------------------------------------------ leaves
+
+    def c_Literal(self, e: A.Literal) -> Callable[[Row], Any]:
+        v = e.value
+        return lambda r: v
+
+    def c_Name(self, e: A.Name) -> Callable[[Row], Any]:
+        return _getter(e.parts)
+
+    def c_Param(self, e: A.Param) -> Callable[[Row], Any]:  # pragma: no cover - bound before
+        raise self.fail(e, "unbound parameter")
+
+    def c_Star(self, e: A.Star) -> Callable[[Row], Any]:
+        raise self.fail(e, "'*' is not a value")
+
+    # ------------------------------------------------------------ operators
+
+    def c_UnaryOp(self, e: A.UnaryOp) -> Callable[[Row], Any]:
+        f = self.compile(e.operand)
+        if e.op == "NOT":
+            def not_(r: Row) -> Any:
+                v = self.truth(f(r), e.operand)
+                return None if v is None else not v
+            return not_
+
+        def neg(r: Row) -> Any:
+            v = f(r)
+            if v is None:
+                return None
+            if not _is_num(v):
+                raise self.fail(e, f"'-' needs a number, got {_kind(v)} {v!r:.60}")
+            return -v
+        return neg
+
+    def c_BoolOp(self, e: A.BoolOp) -> Callable[[Row], Any]:
+        fs = [(self.compile(o), o) for o in e.operands]
+        stop = e.op == "OR"  # OR stops at TRUE, AND at FALSE
+
+        def boolop(r: Row) -> Any:
+            unknown = False
+            for f, o in fs:
+                v = self.truth(f(r), o)
+                if v is None:
+                    unknown = True
+                elif v is stop:
+                    return stop
+            return None if unknown else not stop
+        return boolop
+
+    def compare(self, op: str, a: Any, b: Any, node: Any) -> bool | None:
+        if a is None or b is None:
+            return None
+        if op in ("=", "!="):
+            same = (_is_num(a) and _is_num(b)) or type(a) is type(b) or (
+                isinstance(a, str) and isinstance(b, str))
+            eq = same and a == b
+            return eq if op == "=" else not eq
+        if not ((_is_num(a) and _is_num(b)) or (isinstance(a, str) and isinstance(b, str))):
+            raise self.fail(node, f"cannot compare {_kind(a)} with {_kind(b)}: "
+                                  f"{a!r:.40} {op} {b!r:.40}")
+        if op == "<":
+            return a < b
+        if op == "<=":
+            return a <= b
+        if op == ">":
+            return a > b
+        return a >= b
+
+    def c_BinaryOp(self, e: A.BinaryOp) -> Callable[[Row], Any]:
+        fa, fb = self.compile(e.left), self.compile(e.right)
+        op = e.op
+        if op in A.COMPARISON_OPS:
+            return lambda r: self.compare(op, fa(r), fb(r), e)
+
+        def arith(r: Row) -> Any:
+            a, b = fa(r), fb(r)
+            if a is None or b is None:
+                return None
+            if not (_is_num(a) and _is_num(b)):
+                raise self.fail(e, f"{op} needs numbers, got {_kind(a)} and {_kind(b)}")
+            if op == "+":
+                return a + b
+            if op == "-":
+                return a - b
+            if op == "*":
+                return a * b
+            if b == 0:
+                return None  # division by zero is NULL, as in SQLite
+            try:
+                return a / b
+            except OverflowError:
+                raise self.fail(e, "number too large to divide") from None
+        return arith
+
+    def c_Like(self, e: A.Like) -> Callable[[Row], Any]:
+        fv, fp = self.compile(e.expr), self.compile(e.pattern)
+        neg = e.negated
+
+        def like_(r: Row) -> Any:
+            v, p = fv(r), fp(r)
+            if v is None or p is None:
+                return None
+            if not isinstance(p, str):
+                raise self.fail(e.pattern, f"LIKE needs a text pattern, got {_kind(p)}")
+            if _is_num(v):
+                v = str(v)
+            if not isinstance(v, str):
+                raise self.fail(e.expr, f"LIKE needs text, got {_kind(v)}")
+            return like(p)(v) != neg
+        return like_
+
+    def c_InList(self, e: A.InList) -> Callable[[Row], Any]:
+        fv = self.compile(e.expr)
+        items = [self.compile(i) for i in e.items]
+        neg = e.negated
+
+        def in_(r: Row) -> Any:
+            v = fv(r)
+            if v is None:
+                return None
+            unknown = False
+            for f in items:
+                eq = self.compare("=", v, f(r), e)
+                if eq is None:
+                    unknown = True
+                elif eq:
+                    return not neg
+            return None if unknown else neg
+        return in_
+
+    def c_Between(self, e: A.Between) -> Callable[[Row], Any]:
+        fv, lo, hi = self.compile(e.expr), self.compile(e.low), self.compile(e.high)
+        neg = e.negated
+
+        def between(r: Row) -> Any:
+            v = fv(r)
+            a, b = self.compare(">=", v, lo(r), e), self.compare("<=", v, hi(r), e)
+            if a is False or b is False:
+                return neg
+            if a is None or b is None:
+                return None
+            return not neg
+        return between
+
+    def c_IsNull(self, e: A.IsNull) -> Callable[[Row], Any]:
+        f = self.compile(e.expr)
+        neg = e.negated
+        return lambda r: (f(r) is None) != neg
+
+    # ------------------------------------------------------------ functions
+
+    def c_Call(self, e: A.Call) -> Callable[[Row], Any]:
+        args = [self.compile(a) for a in e.args]
+        impl = getattr(self, "f_" + e.name, None)
+        if impl is None:
+            raise self.fail(e, f"unknown function {e.name}()")
+        return lambda r: impl(e, [a(r) for a in args])
+
+    def _text(self, e: A.Call, v: Any) -> str:
+        if not isinstance(v, str):
+            raise self.fail(e, f"{e.name}() takes text, got {_kind(v)} {v!r:.40}")
+        return v
+
+    def _num(self, e: A.Call, v: Any) -> Any:
+        if not _is_num(v):
+            raise self.fail(e, f"{e.name}() takes a number, got {_kind(v)} {v!r:.40}")
+        return v
+
+    def f_length(self, e: A.Call, a: list) -> Any:
+        return None if a[0] is None else len(self._text(e, a[0]).split())
+
+    def f_lower(self, e: A.Call, a: list) -> Any:
+        return None if a[0] is None else self._text(e, a[0]).lower()
+
+    def f_upper(self, e: A.Call, a: list) -> Any:
+        return None if a[0] is None else self._text(e, a[0]).upper()
+
+    def f_abs(self, e: A.Call, a: list) -> Any:
+        return None if a[0] is None else abs(self._num(e, a[0]))
+
+    def f_round(self, e: A.Call, a: list) -> Any:
+        if any(v is None for v in a):
+            return None
+        x = self._num(e, a[0])
+        n = a[1] if len(a) > 1 else 0
+        if not isinstance(n, int) or isinstance(n, bool):
+            raise self.fail(e, f"round() takes an integer number of digits, got {n!r:.40}")
+        n = max(-400, min(400, n))
+        try:
+            return round(x, n)
+        except OverflowError:
+            raise self.fail(e, "round(): number out of range") from None
+
+    def f_coalesce(self, e: A.Call, a: list) -> Any:
+        return next((v for v in a if v is not None), None)
+
+
+def compile_expr(e: A.Expr, text: str = "") -> Callable[[Row], Any]:
+    """A function of a row computing ``e`` (names in canonical form, see :mod:`.logical`)."""
+    return _ExprCompiler(text).compile(e)
+
+
+def _condition(e: A.Expr, text: str) -> Callable[[Row], bool]:
+    return _ExprCompiler(text).condition(e)
+
+
+def _describe(e: A.Expr) -> str:
+    return expr_to_sql(e)
+
+
+# ================================================================ rows of each source
+
+def _doc_row(d: Any) -> Row:
+    return {"doc.id": d.id, "doc.title": d.title, "doc.text": d.text, "doc.meta": d.meta}
+
+
+def _answer_row(g: Any) -> Row:
+    return {"phrase": g.text, "score": float(g.score), "support": g.support,
+            "tokens": g.n_tokens, "length": len(g.text.split())}
+
+
+def _output_row(g: Any, st: ExecState, rank: int) -> Row:
+    row = _answer_row(g)
+    ev = g.evidence[0] if g.evidence else None
+    row.update({
+        "rank": rank, "version": st.snapshot.manifest.id, "generation": st.snapshot.generation,
+        "evidence": [dataclasses.asdict(x) for x in g.evidence],
+        "start": ev.start if ev else None, "end": ev.end if ev else None,
+        "snippet": ev.snippet if ev else None,
+        "doc.id": ev.doc_id if ev else None, "doc.title": ev.title if ev else None,
+    })
+    return row
+
+
+_ANSWER_ORDER = {("phrase",): "phrase", ("score",): "score", ("support",): "support",
+                 ("tokens",): "tokens", ("length",): "words"}
+
+
+def _answer_order(keys: tuple[L.OrderKey, ...]) -> tuple[tuple[str, bool], ...]:
+    out = []
+    for k in keys:
+        e = k.expr
+        if isinstance(e, A.Call) and e.name == "length":
+            col = "words"
+        else:
+            col = _ANSWER_ORDER[e.parts]  # the binder admits nothing else
+        out.append((col, k.descending))
+    return tuple(out)
+
+
+# ================================================================ compiled statements
+
+@dataclass
+class Compiled:
+    """A SELECT ready to run: ``spec`` + ``plan_args`` (MASKED/TOKENS/EVIDENCE/CLASSIFY) or
+    a row operator chain (SEARCH/DOCUMENTS), or nothing (LIMIT 0)."""
+
+    logical: L.Node
+    source: str
+    columns: tuple[str, ...]
+    spec: MaskedSpec | ClassifySpec | None = None
+    plan_args: dict = field(default_factory=dict)
+    rows_root: Operator | None = None
+    query: str = ""
+    version: int | str | None = None
+    doc_filter: DocFilter | None = None
+
+    def physical(self) -> Plan | None:
+        """The physical plan (a fresh one: plans record their last run)."""
+        if isinstance(self.spec, MaskedSpec):
+            return plan_masked(self.spec, **self.plan_args)
+        if isinstance(self.spec, ClassifySpec):
+            return plan_classify(self.spec, **self.plan_args)
+        if self.rows_root is not None:
+            return Plan(self.rows_root, kind="rows")
+        return None
+
+    def run(self, db: Any) -> Any:
+        from npmdb.result import Result
+
+        if isinstance(self.spec, MaskedSpec):
+            res = db.run_masked(self.spec, **self.plan_args)
+        elif isinstance(self.spec, ClassifySpec):
+            res = db.run_classify(self.spec, **self.plan_args)
+        elif self.rows_root is not None:
+            plan = self.physical()
+            with db.snapshot(self.version, self.doc_filter) as snap:
+                st = plan.run(ExecState(snap, self.query))
+                res = Result((), query=self.query, version=snap.manifest.id,
+                             generation=snap.generation, stats=tuple(plan.stats),
+                             plan=plan.explain(analyze=True), info=dict(st.info))
+        else:
+            with db.snapshot(self.version) as snap:
+                return Result((), query=self.query, version=snap.manifest.id,
+                              generation=snap.generation, columns=self.columns, rows=())
+        columns, rows = res.info.pop("projection", (self.columns, ()))
+        return dataclasses.replace(res, columns=columns, rows=rows)
+
+
+def compile_plan(plan: L.Node, text: str) -> Compiled:
+    """Turn an optimized logical plan (see :func:`npmdb.query.rules.optimize`) into a
+    :class:`Compiled` statement. ``text`` is the query, for positioned errors."""
+    nodes = L.chain(plan)
+    project = nodes[0]
+    assert isinstance(project, L.Project)
+    columns = tuple(i.name for i in project.items)
+    leaf = nodes[-1]
+    if isinstance(leaf, L.Empty):
+        return Compiled(plan, leaf.source, columns, version=leaf.version)
+    doc_filter = None
+    if leaf.doc_filter is not None:
+        pred = _condition(leaf.doc_filter, text)
+        doc_filter = DocFilter(_describe(leaf.doc_filter), lambda d: pred(_doc_row(d)))
+    fns = [compile_expr(i.expr, text) for i in project.items]
+    if leaf.source in ("SEARCH", "DOCUMENTS"):
+        return _compile_rows(plan, nodes, columns, fns, doc_filter, text)
+    return _compile_answers(plan, nodes, columns, fns, doc_filter, text)
+
+
+def _row_ops(nodes: list[L.Node], text: str) -> list[Operator]:
+    """Row-level Filter/Order/Limit nodes (bottom-up) as operators."""
+    ops: list[Operator] = []
+    for n in reversed(nodes):
+        if isinstance(n, L.Filter) and n.level == "row":
+            ops.append(FilterRows(_describe(n.condition), _condition(n.condition, text)))
+        elif isinstance(n, L.Order) and n.level == "row":
+            ops.append(OrderRows(tuple((_describe(k.expr), compile_expr(k.expr, text), k.descending)
+                                       for k in n.keys)))
+        elif isinstance(n, L.Limit) and n.level == "row":
+            ops.append(LimitRows(n.count, n.offset))
+    return ops
+
+
+def _stack(ops: list[Operator]) -> Operator:
+    op = ops[0]
+    for nxt in ops[1:]:
+        op = dataclasses.replace(nxt, children=(op,))
+    return op
+
+
+def _project(columns: tuple[str, ...], fns: list[Callable[[Row], Any]]) -> Project:
+    return Project(columns, lambda st: [tuple(f(r) for f in fns) for r in st.rows])
+
+
+def _compile_rows(plan, nodes, columns, fns, doc_filter, text) -> Compiled:
+    leaf: L.Retrieve = nodes[-1]
+    docs = doc_filter.describe if doc_filter else ""
+    if leaf.source == "SEARCH":
+        base = [BM25Blocks(leaf.blocks or L.DEFAULT_LIMIT["SEARCH"], docs=docs), BlockRows()]
+    else:
+        base = [ScanDocuments(leaf.stop_after, docs=docs)]
+    root = _stack(base + _row_ops(nodes, text) + [_project(columns, fns)])
+    return Compiled(plan, leaf.source, columns, rows_root=root, query=leaf.query,
+                    version=leaf.version, doc_filter=doc_filter)
+
+
+def _compile_answers(plan, nodes, columns, fns, doc_filter, text) -> Compiled:
+    leaf: L.Retrieve = nodes[-1]
+    kw: dict[str, Any] = {"mode": leaf.mode, "retrieval": leaf.method, "k": leaf.k,
+                          "blocks": leaf.blocks, "exact": leaf.exact, "version": leaf.version,
+                          "doc_filter": doc_filter, "evidence": 0}
+    plan_args: dict[str, Any] = {}
+    labels = None
+    expand: L.Evidence | None = None
+    for n in nodes:
+        if isinstance(n, L.Assemble):
+            kw.update(max_len=n.max_len, clean_edges=n.clean_edges)
+            if leaf.source != "CLASSIFY":
+                kw["no_stopwords"] = n.no_stopwords
+        elif isinstance(n, L.Score):
+            kw["tau"] = n.tau
+            if n.scoring != "softmax" and leaf.source != "CLASSIFY":
+                kw["scoring"] = n.scoring
+        elif isinstance(n, L.Aggregate):
+            kw.update(group_by=n.group_by, alpha=n.alpha)
+        elif isinstance(n, L.Classify):
+            labels, kw["tau"] = n.labels, n.tau
+        elif isinstance(n, L.Filter) and n.level == "answer":
+            pred = _condition(n.condition, text)
+            plan_args["answer_filter"] = (_describe(n.condition), lambda g: pred(_answer_row(g)))
+        elif isinstance(n, L.Top):
+            plan_args["order"] = _answer_order(n.keys)
+            kw.update(top=n.count or 0, offset=n.offset)
+        elif isinstance(n, L.Order) and n.level == "answer":
+            plan_args["order"] = _answer_order(n.keys)
+        elif isinstance(n, L.Evidence):
+            kw["evidence"] = n.per_answer
+            if n.expand:
+                expand = n
+    if leaf.source == "CLASSIFY":
+        spec: MaskedSpec | ClassifySpec = ClassifySpec(leaf.query, labels, **kw)
+    else:
+        spec = MaskedSpec(leaf.query, **kw)
+    offset = spec.offset
+    if expand is not None:
+        tail = [EvidenceRows(expand.per_answer, offset)] + _row_ops(nodes, text) + \
+            [_project(columns, fns)]
+    else:
+        def make(st: ExecState) -> list[tuple]:
+            return [tuple(f(row) for f in fns) for row in
+                    (_output_row(g, st, offset + i + 1) for i, g in enumerate(st.groups))]
+        tail = [Project(columns, make)]
+    plan_args["tail"] = tuple(tail)
+    return Compiled(plan, leaf.source, columns, spec=spec, plan_args=plan_args, query=leaf.query,
+                    version=leaf.version, doc_filter=doc_filter)
+
+
+# ================================================================ SHOW and EXPLAIN
+
+def show(db: Any, what: str) -> Any:
+    """SHOW VERSIONS (one row per version, oldest first) / SHOW TAGS (tag, version)."""
+    from npmdb.result import Result
+
+    versions = db.versions()
+    if what == "VERSIONS":
+        columns = ("id", "time", "parent", "tags", "docs", "tokens", "segments", "generation",
+                   "head", "message")
+        rows = tuple(tuple(",".join(v[c]) if c == "tags" else v[c] for c in columns)
+                     for v in versions)
+    else:
+        columns = ("tag", "version")
+        rows = tuple(sorted((t, v["id"]) for v in versions for t in v["tags"]))
+    head = next((v for v in versions if v["head"]), None)
+    return Result((), query=f"SHOW {what}", version=head["id"] if head else None,
+                  generation=head["generation"] if head else None, columns=columns, rows=rows)
+
+
+def format_explain(logical: L.Node, physical: str, notes: list[str], total: str = "") -> str:
+    """EXPLAIN's text: the logical plan (after the rules), the physical plan, the rules
+    that applied; every plan one node a line, indented under its parent."""
+    def block(title: str, body: str) -> list[str]:
+        return [title] + ["  " + line for line in body.splitlines()]
+
+    lines = block("logical plan:", L.explain(logical))
+    lines += block("physical plan:", physical or "(nothing to run)")
+    if total:
+        lines.append("  " + total)
+    lines += block("rules applied:", "\n".join(notes) if notes else "(none)")
+    return "\n".join(lines)

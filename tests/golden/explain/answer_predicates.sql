@@ -1,0 +1,1 @@
+SELECT phrase, support, length(phrase) AS words FROM MASKED('Salem is the capital of [MASK].') WHERE (phrase LIKE 'S%' OR support > 1) AND NOT phrase LIKE '%city%' ORDER BY support DESC, phrase LIMIT 7 OFFSET 2

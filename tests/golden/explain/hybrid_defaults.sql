@@ -1,0 +1,1 @@
+SELECT * FROM MASKED('Salem is the capital of [MASK].') USING hybrid(k => 512, blocks => 2)

@@ -1,0 +1,1 @@
+SELECT phrase FROM MASKED('Paris is in [MASK].') LIMIT 0

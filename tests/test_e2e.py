@@ -1,0 +1,189 @@
+"""End to end with the real default encoder (all-MiniLM-L6-v2): every retrieval and mode
+answers with evidence that slices the documents, a planted answer is found, and the
+command line adds and queries."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import npmdb
+
+ROOT = Path(__file__).resolve().parent.parent
+
+PLANTED = [
+    {"id": "planted-1", "title": "Hagios Demetrios",
+     "text": "Hagios Demetrios is the patron saint church of Thessaloniki, a city in Greece."},
+    {"id": "planted-2", "title": "Hagios Demetrios",
+     "text": "The basilica of Hagios Demetrios stands in the centre of Thessaloniki."},
+    {"id": "planted-3", "title": "Thessaloniki",
+     "text": "Thessaloniki is the second largest city in Greece and the capital of Macedonia."},
+]
+
+
+def fold(s: str) -> str:
+    return " ".join(s.split()).casefold()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    """Query encoding is a small forward pass: torch's default intra-op threads make it
+    much slower on a busy 2-core machine. Restored afterwards."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def check_evidence(db, res) -> None:
+    texts: dict[str, str] = {}
+    for a in res.answers:
+        if a.support == 0:  # a classification label nothing matched
+            assert not a.evidence and a.score == 0.0
+            continue
+        assert a.evidence and a.support >= len(a.evidence) >= 1
+        for ev in a.evidence:
+            if ev.doc_id not in texts:
+                doc = db.get(ev.doc_id)
+                assert doc is not None, ev.doc_id
+                texts[ev.doc_id] = doc["text"]
+            text = texts[ev.doc_id]
+            assert 0 <= ev.start < ev.end <= len(text)
+            assert fold(text[ev.start:ev.end]) == fold(a.text)
+            assert text[ev.start:ev.end].replace("\n", " ") in ev.snippet
+
+
+@pytest.mark.parametrize("retrieval", ["dense", "bm25", "hybrid"])
+@pytest.mark.parametrize("mode", ["phrase", "token"])
+def test_fill_mask_evidence_slices_documents(real_db, sample_cloze, retrieval, mode):
+    queries = [c["query"] for c in sample_cloze[:4]] + ["The [MASK] is a genus of plants."]
+    for q in queries:
+        res = real_db.fill_mask(q, top=5, mode=mode, retrieval=retrieval)
+        assert res.answers, (q, mode, retrieval)
+        assert len(res) <= 5
+        scores = [a.score for a in res]
+        assert scores == sorted(scores, reverse=True)
+        assert res.version == real_db.version
+        if mode == "token":
+            assert all(a.tokens == 1 for a in res)
+        check_evidence(real_db, res)
+
+
+def test_dense_exact_and_ann_agree_on_top_answer(real_db, sample_cloze):
+    agree = 0
+    queries = [c["query"] for c in sample_cloze[:10]]
+    for q in queries:
+        ann = real_db.fill_mask(q, top=1)
+        exact = real_db.fill_mask(q, top=1, exact=True)
+        # scores may differ a little: a candidate the ANN index misses changes the softmax
+        agree += fold(ann[0].text) == fold(exact[0].text)
+    assert agree >= 9, f"ANN top-1 agrees with exact on {agree}/{len(queries)}"
+
+
+def test_classify_real_encoder(real_db):
+    res = real_db.classify("Balearic Islands is situated in [MASK].",
+                           {"spain": ["Spain", "Kingdom of Spain"], "france": ["France"],
+                            "none": ["zzz-never"]}, retrieval="hybrid")
+    assert {a.text for a in res} == {"spain", "france", "none"}
+    assert [a for a in res if a.text == "none"][0].score == 0.0
+    check_evidence(real_db, res)
+
+
+def _planted(path: Path, sample_corpus, batches: int):
+    docs = [d for d in sample_corpus if d["id"].startswith("wn:")][:50]
+    with npmdb.open(path, progress=False) as db:
+        if batches == 1:
+            db.add(docs + PLANTED)
+        else:
+            db.add(docs)      # two adds: two segments, each with its own BM25 index
+            db.add(PLANTED)
+    return npmdb.open(path, progress=False)
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["one-add", "two-adds"])
+def planted_db(request, tmp_path_factory, sample_corpus):
+    with _planted(tmp_path_factory.mktemp("planted") / "db", sample_corpus,
+                  request.param) as db:
+        yield db
+
+
+def test_planted_answer_bm25(planted_db):
+    """The planted documents hold the rare query words (Hagios, Demetrios), so BM25 must
+    rank them first whether they were added with the rest or in a later add."""
+    db = planted_db
+    assert db.count() == 53
+    res = db.fill_mask("Hagios Demetrios is located in [MASK].", retrieval="bm25", top=5)
+    texts = [fold(a.text) for a in res]
+    assert {"thessaloniki", "greece"} & set(texts), texts
+    right = [a for a in res if fold(a.text) in ("thessaloniki", "greece")][0]
+    assert {e.doc_id for e in right.evidence} <= {p["id"] for p in PLANTED}
+    check_evidence(db, res)
+    # the BM25 blocks are the planted documents
+    hits = db.search("Hagios Demetrios is located in", limit=3)
+    assert hits[0]["doc_id"] in {"planted-1", "planted-2"}
+
+
+def test_planted_answer_hybrid_and_token(planted_db):
+    res = planted_db.fill_mask("Hagios Demetrios is located in [MASK].", retrieval="hybrid",
+                               top=10, blocks=3)
+    assert {"thessaloniki", "greece"} & {fold(a.text) for a in res}
+    tok = planted_db.fill_mask("Hagios Demetrios is located in [MASK].", retrieval="bm25",
+                               mode="token", top=10)
+    assert tok.answers
+    check_evidence(planted_db, tok)
+
+
+# ------------------------------------------------------------------ the command line
+
+
+def npmdb_cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    return subprocess.run([sys.executable, "-m", "npmdb", *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=ROOT, env=env)
+
+
+def test_cli_add_and_query(tmp_path, sample_corpus):
+    data = tmp_path / "docs.jsonl"
+    rows = [d for d in sample_corpus if d["id"].startswith("wn:")][:20] + PLANTED
+    data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows),
+                    encoding="utf-8")
+    db = tmp_path / "cli.npmdb"
+
+    out = npmdb_cli("add", str(db), str(data), "-q")
+    assert out.returncode == 0, out.stderr
+    assert "added 23 documents" in out.stdout
+
+    out = npmdb_cli("query", str(db), "Hagios Demetrios is located in [MASK].",
+                    "--retrieval", "bm25", "--top", "5", "--json")
+    assert out.returncode == 0, out.stderr
+    rows_out = json.loads(out.stdout)
+    assert 1 <= len(rows_out) <= 5
+    assert {"text", "score", "support", "evidence"} <= set(rows_out[0])
+    assert {"thessaloniki", "greece"} & {fold(r["text"]) for r in rows_out}
+    texts = {r["id"]: r["text"] for r in rows}
+    for r in rows_out:
+        for ev in r["evidence"]:
+            assert fold(texts[ev["doc_id"]][ev["start"]:ev["end"]]) == fold(r["text"])
+
+    out = npmdb_cli("query", str(db), "Thessaloniki is a city in [MASK].", "--top", "3",
+                    "--mode", "token")
+    assert out.returncode == 0, out.stderr
+    assert "score=" in out.stdout and "version" in out.stdout
+
+    # errors: exit status 2 and a one-line message, no traceback
+    out = npmdb_cli("query", str(db), "no mask here")
+    assert out.returncode == 2
+    assert "npmdb: error:" in out.stderr and "mask" in out.stderr
+    assert "Traceback" not in out.stderr
+    # adding the same ids again is refused and nothing changes
+    out = npmdb_cli("add", str(db), str(data), "-q")
+    assert out.returncode == 2 and "already exists" in out.stderr
+    with npmdb.open(db, readonly=True, progress=False) as check:
+        assert check.count() == 23 and len(check.versions()) == 1

@@ -1,0 +1,457 @@
+"""API behaviour on tiny-encoder databases: adding, versions, errors, locking, deletion,
+results and their conversions, closing."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import sys
+from pathlib import Path
+
+import pytest
+
+import npmdb
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib
+from conftest import make_tiny_encoder  # noqa: E402
+
+Q = "Thessaloniki is a city in [MASK]."
+
+
+def fold(s: str) -> str:
+    return " ".join(s.split()).casefold()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    """Tiny forward passes: one torch thread is ~100x faster on a busy 2-core machine."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture()
+def small_db(new_db, sample_corpus):
+    new_db.add(sample_corpus[:80])
+    return new_db
+
+
+# ------------------------------------------------------------------ adding and versions
+
+
+def test_add_strings_dicts_and_jsonl(new_db, tmp_path):
+    assert new_db.count() == 0 and new_db.version is None
+    v1 = new_db.add(["Thessaloniki is a city in Greece.", "Salem is the capital of Oregon."])
+    assert new_db.count() == 2
+    v2 = new_db.add([{"id": "d1", "title": "Athens", "text": "Athens is the capital of Greece.",
+                      "meta": {"lang": "en"}},
+                     {"id": 42, "text": "Paris is the capital of France."}])
+    path = tmp_path / "more.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"id": "j1", "title": "Rome", "text": "Rome is the capital of Italy."},
+        {"id": "j2", "text": "Madrid is the capital of Spain."},
+        {"text": "Lisbon is the capital of Portugal."},
+    ]), encoding="utf-8")
+    v3 = new_db.add(path)
+    assert isinstance(v1, int) and v1 < v2 < v3
+    assert new_db.version == v3
+    assert new_db.count() == 7 and len(new_db) == 7
+    d = new_db.get("d1")
+    assert d == {"id": "d1", "title": "Athens", "text": "Athens is the capital of Greece.",
+                 "meta": {"lang": "en"}}
+    assert new_db.get("42")["text"] == "Paris is the capital of France."
+    assert new_db.get("j1")["title"] == "Rome"
+    ids = [d["id"] for d in new_db.documents()]
+    assert len(ids) == len(set(ids)) == 7
+    assert {"d1", "42", "j1", "j2"} <= set(ids)
+    vs = new_db.versions()
+    assert [v["id"] for v in vs] == [v1, v2, v3]
+    assert [v["docs"] for v in vs] == [2, 4, 7]
+    assert vs[-1]["head"] and not vs[0]["head"]
+    # older versions stay readable
+    assert new_db.count(version=v1) == 2
+    assert new_db.get("d1", version=v1) is None
+
+
+def test_version_ids_increase_with_deletes_too(new_db):
+    seen = [new_db.add([f"Document number {i} is about rivers."]) for i in range(3)]
+    first = new_db.documents().__next__()["id"]
+    seen.append(new_db.delete(first))
+    assert seen == sorted(seen) and len(set(seen)) == 4
+    assert new_db.count() == 2
+
+
+def test_add_nothing_keeps_the_version(small_db):
+    v = small_db.version
+    assert small_db.add([]) == v
+    assert small_db.version == v
+
+
+def test_duplicate_id_is_an_integrity_error_and_nothing_is_written(small_db, tmp_path):
+    before_count, before_version = small_db.count(), small_db.version
+    before = small_db.fill_mask(Q, exact=True).to_list()
+    existing = next(small_db.documents())["id"]
+    with pytest.raises(npmdb.IntegrityError, match="already exists"):
+        small_db.add([{"id": "fresh-1", "text": "A new document."},
+                      {"id": existing, "text": "A clash."}])
+    with pytest.raises(npmdb.IntegrityError, match="duplicate"):
+        small_db.add([{"id": "x", "text": "one"}, {"id": "x", "text": "two"}])
+    assert small_db.count() == before_count
+    assert small_db.version == before_version
+    assert small_db.get("fresh-1") is None and small_db.get("x") is None
+    assert small_db.fill_mask(Q, exact=True).to_list() == before
+    # no orphaned segment directory is left behind
+    segs = sorted(p.name for p in (Path(small_db.path) / "segments").iterdir())
+    assert len(segs) == small_db.stats()["segments"]
+    # and the database still takes writes
+    small_db.add([{"id": "fresh-1", "text": "A new document."}])
+    assert small_db.count() == before_count + 1
+
+
+# ------------------------------------------------------------------ query errors
+
+
+@pytest.mark.parametrize("query", ["Thessaloniki is a city in Greece.",
+                                   "[MASK] is a city in [MASK].",
+                                   "<mask> and [MASK]", ""])
+def test_query_needs_exactly_one_mask(small_db, query):
+    with pytest.raises(npmdb.ProgrammingError, match="exactly one mask"):
+        small_db.fill_mask(query)
+    with pytest.raises(npmdb.ProgrammingError):
+        small_db.classify(query, {"a": ["Greece"]})
+
+
+@pytest.mark.parametrize("mask", ["[MASK]", "<mask>", "[mask]", "<MASK>"])
+def test_mask_spellings(small_db, mask):
+    res = small_db.fill_mask(f"Thessaloniki is a city in {mask}.", exact=True, top=3)
+    assert len(res) == 3
+
+
+def test_non_string_query(small_db):
+    with pytest.raises(npmdb.ProgrammingError):
+        small_db.fill_mask(42)
+
+
+@pytest.mark.parametrize("opts", [dict(k=0), dict(k=-1), dict(top=-1), dict(max_len=0),
+                                  dict(tau=0), dict(tau=-1.0), dict(blocks=0),
+                                  dict(mode="span"), dict(retrieval="sparse"), dict(k=2.5),
+                                  dict(exact="yes"), dict(alpha="big")])
+def test_bad_option_values(small_db, opts):
+    with pytest.raises(npmdb.ProgrammingError):
+        small_db.fill_mask(Q, **opts)
+
+
+def test_unknown_option_suggests_the_right_one(small_db):
+    with pytest.raises(npmdb.ProgrammingError, match=r"unknown option 'mx_len'.*did you mean "
+                                                     r"'max_len'"):
+        small_db.fill_mask(Q, mx_len=3)
+    with pytest.raises(npmdb.ProgrammingError, match="did you mean 'retrieval'"):
+        small_db.fill_mask(Q, retreival="bm25")
+    with pytest.raises(npmdb.ProgrammingError, match="did you mean 'phrase'"):
+        small_db.fill_mask(Q, mode="phrse")
+    with pytest.raises(npmdb.ProgrammingError, match="unknown option"):
+        small_db.classify(Q, {"a": ["x"]}, alpha=1.0)
+
+
+def test_query_on_an_empty_database(new_db):
+    with pytest.raises(npmdb.ProgrammingError, match="empty|no documents"):
+        new_db.fill_mask(Q)
+    with pytest.raises(npmdb.ProgrammingError, match="empty|no documents"):
+        new_db.classify(Q, {"a": ["Greece"]})
+
+
+def test_query_after_deleting_everything(new_db):
+    new_db.add([{"id": "a", "text": "Thessaloniki is a city in Greece."}])
+    new_db.delete("a")
+    assert new_db.count() == 0
+    with pytest.raises(npmdb.ProgrammingError, match="no documents"):
+        new_db.fill_mask(Q)
+
+
+def test_classify_label_errors(small_db):
+    with pytest.raises(npmdb.ProgrammingError):
+        small_db.classify(Q, {})
+    with pytest.raises(npmdb.ProgrammingError):
+        small_db.classify(Q, ["Greece"])
+    with pytest.raises(npmdb.ProgrammingError):
+        small_db.classify(Q, {"a": []})
+
+
+# ------------------------------------------------------------------ bad documents
+
+
+@pytest.mark.parametrize("docs", [[{"text": 5}], [{"text": None}], [{"id": "a"}],
+                                  [{"text": ["a", "b"]}], [3.5], [{"text": "ok", "id": 1.5}]])
+def test_non_text_document_is_a_data_error(new_db, docs):
+    with pytest.raises(npmdb.DataError):
+        new_db.add(docs)
+    assert new_db.count() == 0 and new_db.version is None
+
+
+def test_invalid_utf8_is_a_data_error(new_db, tmp_path):
+    with pytest.raises(npmdb.DataError, match="UTF-8"):
+        new_db.add([b"caf\xe9 au lait"])
+    with pytest.raises(npmdb.DataError, match="UTF-8"):
+        new_db.add([{"text": b"\xff\xfe bad"}])
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b'{"text": "ok"}\n{"text": "caf\xe9"}\n')
+    with pytest.raises(npmdb.DataError):
+        new_db.add(bad)
+    assert new_db.count() == 0
+    # valid UTF-8 bytes are text
+    new_db.add([b"caf\xc3\xa9 au lait"])
+    assert next(new_db.documents())["text"] == "café au lait"
+
+
+def test_lone_surrogate_is_a_data_error(new_db):
+    with pytest.raises(npmdb.DataError):
+        new_db.add(["bad \ud800 text"])
+
+
+def test_single_dict_or_bytes_is_an_interface_error(new_db):
+    with pytest.raises(npmdb.InterfaceError):
+        new_db.add({"text": "one document, not a list"})
+    with pytest.raises(npmdb.InterfaceError):
+        new_db.add(b"bytes")
+
+
+# ------------------------------------------------------------------ opening
+
+
+def test_readonly_open_then_add(tiny_db_path):
+    with npmdb.open(tiny_db_path, readonly=True, progress=False) as db:
+        assert db.count() == 600
+        assert len(db.fill_mask(Q, top=2)) == 2
+        with pytest.raises(npmdb.OperationalError, match="read-only"):
+            db.add(["Something new."])
+        with pytest.raises(npmdb.OperationalError):
+            db.delete(next(db.documents())["id"])
+
+
+def test_readonly_open_of_missing_database(tmp_path):
+    with pytest.raises(npmdb.OperationalError):
+        npmdb.open(tmp_path / "nothing", readonly=True)
+    with pytest.raises(npmdb.OperationalError):
+        npmdb.open(tmp_path / "nothing", create=False)
+    assert not (tmp_path / "nothing").exists()
+
+
+def test_open_a_non_database_directory(tmp_path):
+    d = tmp_path / "stuff"
+    d.mkdir()
+    (d / "notes.txt").write_text("hello")
+    with pytest.raises(npmdb.OperationalError, match="not an npmdb database"):
+        npmdb.open(d)
+
+
+def test_open_with_a_different_encoder(tmp_path, tiny_encoder):
+    path = tmp_path / "db"
+    with npmdb.open(path, encoder=tiny_encoder, progress=False) as db:
+        db.add(["Thessaloniki is a city in Greece."])
+    other = make_tiny_encoder(tmp_path / "other-encoder", seed=1)
+    with pytest.raises(npmdb.Error) as info:
+        npmdb.open(path, encoder=other, progress=False)
+    msg = str(info.value)
+    assert "encoder" in msg and "built with" in msg and "encoder=None" in msg
+    # the same encoder is fine, and so is none (the database's own)
+    with npmdb.open(path, encoder=tiny_encoder, progress=False) as db:
+        assert db.count() == 1
+    with npmdb.open(path, progress=False) as db:
+        assert len(db.fill_mask(Q, top=1)) == 1
+
+
+def _try_to_add(path: str, queue) -> None:
+    import npmdb as _npmdb
+
+    try:
+        with _npmdb.open(path, progress=False) as db:
+            db.add(["A second writer's document."])
+        queue.put(("ok", ""))
+    except Exception as exc:  # noqa: BLE001 - report whatever happened
+        queue.put((type(exc).__name__, str(exc)))
+
+
+def test_second_writer_process_gets_operational_error(new_db):
+    new_db.add(["Thessaloniki is a city in Greece."])
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    with new_db.batch():
+        new_db.add(["Held inside the batch: the writer lock is taken."])
+        proc = ctx.Process(target=_try_to_add, args=(str(new_db.path), queue))
+        proc.start()
+        kind, msg = queue.get(timeout=120)
+        proc.join(timeout=60)
+    assert kind == "OperationalError", (kind, msg)
+    assert "locked" in msg
+    assert new_db.count() == 2
+    # once the lock is free, another process can write
+    proc = ctx.Process(target=_try_to_add, args=(str(new_db.path), queue))
+    proc.start()
+    kind, msg = queue.get(timeout=120)
+    proc.join(timeout=60)
+    assert kind == "ok", msg
+    assert new_db.count() == 3
+
+
+# ------------------------------------------------------------------ deletion
+
+
+def test_deleted_documents_never_appear_as_evidence(new_db, sample_corpus):
+    docs = sample_corpus[:120]
+    new_db.add(docs[:60])
+    new_db.add(docs[60:])
+    gone = {d["id"] for d in docs[::2]}
+    v = new_db.delete(sorted(gone))
+    assert new_db.count() == 60
+    assert all(new_db.get(i) is None for i in list(gone)[:10])
+    assert not gone & {d["id"] for d in new_db.documents()}
+    queries = [Q, "Hagios Demetrios is located in [MASK].", "The [MASK] is a genus of plants.",
+               "Δημιουργός: [MASK]"]
+    for q in queries:
+        for opts in (dict(), dict(exact=True), dict(retrieval="bm25", blocks=10),
+                     dict(retrieval="hybrid"), dict(mode="token"), dict(mode="token", exact=True)):
+            res = new_db.fill_mask(q, top=20, evidence=100, **opts)
+            for a in res.answers:
+                assert not gone & {e.doc_id for e in a.evidence}, (q, opts, a.text)
+            assert res.version == v
+        res = new_db.classify(q, {"x": ["genus", "city"], "y": ["Greece"]}, evidence=100)
+        for a in res.answers:
+            assert not gone & {e.doc_id for e in a.evidence}
+        assert not gone & {h["doc_id"] for h in new_db.search(q.replace("[MASK]", ""), limit=50)}
+    # the version before the delete still sees them
+    old = new_db.fill_mask(Q, top=20, evidence=100, version=v - 1, retrieval="bm25", blocks=10)
+    assert old.version == v - 1
+
+
+def test_delete_unknown_id(small_db):
+    with pytest.raises(npmdb.ProgrammingError):
+        small_db.delete("no-such-document")
+    assert small_db.delete("no-such-document", missing_ok=True) == small_db.version
+
+
+# ------------------------------------------------------------------ results
+
+
+COLUMNS = ["text", "score", "support", "tokens", "evidence"]
+
+
+def test_result_conversions(small_db):
+    res = small_db.fill_mask(Q, top=4, exact=True)
+    assert len(res) == 4 and res.top is res.answers[0] and res[1] is res.answers[1]
+    rows = res.to_list()
+    assert len(rows) == 4
+    assert all(set(r) == set(COLUMNS) for r in rows)
+    assert [r["text"] for r in rows] == [a.text for a in res]
+    assert all(isinstance(r["evidence"], list) and r["evidence"] for r in rows)
+    assert set(rows[0]["evidence"][0]) >= {"doc_id", "title", "start", "end", "snippet"}
+    df = res.to_pandas()
+    assert df.shape == (4, 5) and list(df.columns) == COLUMNS
+    assert df["score"].is_monotonic_decreasing
+    tbl = res.to_arrow()
+    assert tbl.num_rows == 4 and set(tbl.column_names) == set(COLUMNS)
+    assert tbl.column("text").to_pylist() == [a.text for a in res]
+    json.dumps(rows)  # plain data
+    # an empty result converts too
+    empty = small_db.fill_mask(Q, top=2, offset=10 ** 6, exact=True)
+    assert len(empty) == 0 and empty.to_list() == [] and empty.top is None
+    assert empty.to_pandas().shape == (0, 5)
+    assert empty.to_arrow().num_rows == 0
+
+
+def test_result_stats_list_operators(tiny_db):
+    for opts, expect in ((dict(exact=True), {"ExactTopK", "AssembleSpans", "ScoreSpans"}),
+                         (dict(), {"DenseTopK", "AssembleSpans", "ScoreSpans"}),
+                         (dict(retrieval="bm25"), {"BM25Blocks", "BlockTokens", "ScoreSpans"}),
+                         (dict(mode="token"), {"DenseTopK", "ScoreTokens"})):
+        res = tiny_db.fill_mask(Q, top=3, **opts)
+        assert len(res) == 3
+        names = [s.operator for s in res.stats]
+        assert expect | {"EncodeQuery", "Aggregate", "OrderBy", "Limit"} <= set(names), names
+        for s in res.stats:
+            assert isinstance(s.rows, int) and s.rows >= 0
+            assert isinstance(s.ms, float) and s.ms >= 0
+        assert {s.operator: s.rows for s in res.stats}["Limit"] == 3
+        assert res.elapsed_ms >= 0
+        assert "EncodeQuery" in res.plan and "rows=" in res.plan
+        assert res.version == tiny_db.version and res.generation == 0
+
+
+def test_answers_are_ranked_and_bounded(small_db):
+    res = small_db.fill_mask(Q, top=10, exact=True)
+    scores = [a.score for a in res]
+    assert scores == sorted(scores, reverse=True)
+    assert len({fold(a.text) for a in res}) == len(res)
+    assert all(a.support >= 1 and 1 <= a.tokens <= 10 for a in res)
+    short = small_db.fill_mask(Q, top=10, exact=True, max_len=2)
+    assert all(a.tokens <= 2 for a in short)
+    page2 = small_db.fill_mask(Q, top=5, offset=5, exact=True)
+    assert [a.text for a in page2] == [a.text for a in res][5:10]
+
+
+def test_token_mode_candidates_are_distinct(tiny_db):
+    """Token mode retrieves k *tokens*; a token that is both a valid start and a valid end
+    (any one-wordpiece word) is in both ANN indexes and must count once. Otherwise it gets
+    twice the probability and twice the support, and k distinct candidates shrink to ~2/3."""
+    for exact in (True, False):
+        res = tiny_db.fill_mask(Q, mode="token", k=256, top=0, evidence=10 ** 6, exact=exact)
+        occ = [(e.doc_id, e.start, e.end) for a in res for e in a.evidence]
+        assert len(occ) == len(set(occ)), f"exact={exact}: duplicated candidate tokens"
+        assert sum(a.support for a in res) == 256, f"exact={exact}"
+        assert abs(sum(a.score for a in res) - 1.0) < 1e-9
+
+
+def test_classify_returns_every_label(small_db):
+    res = small_db.classify(Q, {"pos": ["city", "Greece"], "neg": "zzz-never"})
+    assert [a.text for a in res].count("pos") == 1 and len(res) == 2
+    neg = [a for a in res if a.text == "neg"][0]
+    assert neg.score == 0.0 and neg.support == 0
+    assert res.answers[-1].text == "neg" or res.answers[0].score == 0.0
+
+
+# ------------------------------------------------------------------ closing
+
+
+def test_context_manager_closes(tiny_db_path):
+    with npmdb.open(tiny_db_path, progress=False) as db:
+        assert db.count() == 600
+    assert "closed" in repr(db)
+    for call in (lambda: db.fill_mask(Q), lambda: db.count(), lambda: db.add(["x"]),
+                 lambda: db.get("x"), lambda: db.classify(Q, {"a": ["b"]}),
+                 lambda: db.search("city"), lambda: db.versions(), lambda: db.stats()):
+        with pytest.raises(npmdb.InterfaceError):
+            call()
+    db.close()  # closing twice is fine
+
+
+def test_close_releases_the_writer_lock(tmp_path, tiny_encoder):
+    path = tmp_path / "db"
+    db = npmdb.open(path, encoder=tiny_encoder, progress=False)
+    db.add(["one"])
+    db.close()
+    with npmdb.open(path, progress=False) as again:
+        again.add(["two"])
+        assert again.count() == 2
+
+
+# ------------------------------------------------------------------ BM25 across segments
+
+
+def test_bm25_scores_are_comparable_across_segments(new_db, sample_corpus):
+    """Every add writes a segment with its own tantivy index. A block holding the rare
+    query words must outrank blocks holding only common ones, whichever add wrote it: BM25
+    statistics (document frequency, average length) must be the database's, not the
+    segment's (in a 3-document segment "demetrios" looks common)."""
+    planted = [{"id": "p1", "text": "Hagios Demetrios is the patron saint church of "
+                                    "Thessaloniki, a city in Greece."},
+               {"id": "p2", "text": "The basilica of Hagios Demetrios stands in Thessaloniki."},
+               {"id": "p3", "text": "Thessaloniki is the second largest city in Greece."}]
+    new_db.add([d for d in sample_corpus if d["id"].startswith("wn:")][:50])
+    new_db.add(planted)
+    hits = new_db.search("Hagios Demetrios is located in", limit=3)
+    assert [h["doc_id"] for h in hits][:2] in (["p1", "p2"], ["p2", "p1"]), hits
+    res = new_db.fill_mask("Hagios Demetrios is located in [MASK].", retrieval="bm25",
+                           blocks=2, top=50, evidence=50)
+    assert {e.doc_id for a in res for e in a.evidence} == {"p1", "p2"}

@@ -1,0 +1,788 @@
+"""``Database.sql``: binding, planning, execution and EXPLAIN of the query language.
+
+Golden files live in tests/golden/explain: NAME.sql is a query, NAME.plan the text
+``EXPLAIN`` prints for it. Regenerate with ``NPMDB_UPDATE_GOLDEN=1``.
+
+Most tests run on the ``tiny_db`` database (600 sample documents, tiny random encoder);
+oracles are ``fill_mask``/``classify``/``search``/``documents`` themselves, Python filters
+over unfiltered results, and a database holding only the documents a filter allows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import npmdb
+from npmdb.boundaries import fold
+from npmdb.errors import Error, NotSupportedError, ProgrammingError, QueryParseError
+from npmdb.query import ast as A
+from npmdb.query import logical as L
+from npmdb.query.compiler import like
+from npmdb.query.rules import optimize
+from npmdb.query.sql import bind, prepare
+from npmdb.query.parser import parse
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = ROOT / "tests" / "golden" / "explain"
+UPDATE = os.environ.get("NPMDB_UPDATE_GOLDEN") == "1"
+
+Q = "Thessaloniki is a city in [MASK]."
+STATEMENT_1 = ("SELECT phrase, score, support FROM MASKED('Thessaloniki is a city in [MASK].') "
+               "USING bm25(blocks => 3) WITH max_len = 10, tau = 1.0 ORDER BY score DESC LIMIT 5")
+STATEMENT_2 = ("SELECT label, score FROM CLASSIFY('... It was [MASK].', LABELS(positive = "
+               "('great', 'awesome'), negative = ('terrible', 'broken')))")
+QUERIES = [
+    "Thessaloniki is a city in [MASK].", "Salem is the capital of [MASK].",
+    "The currency of Japan is the [MASK].", "Balearic Islands is situated in [MASK].",
+    "A genus of [MASK] in the family.", "Мехико is [MASK].",
+]
+
+
+@pytest.fixture(scope="module")
+def db(tiny_db_path):
+    with npmdb.open(tiny_db_path, progress=False) as d:
+        yield d
+
+
+def key(answers):
+    return [(a.text, a.score, a.support, a.tokens, a.evidence) for a in answers]
+
+
+@contextmanager
+def time_limit(seconds: float):
+    """Fail (rather than hang) when the body runs longer than ``seconds``."""
+    def on_alarm(signum, frame):
+        raise TimeoutError(f"query ran longer than {seconds} s")
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+# ---------------------------------------------------------------- the issue's statements
+
+@pytest.mark.parametrize("prefix", ["", "EXPLAIN ", "EXPLAIN ANALYZE "])
+@pytest.mark.parametrize("statement", [STATEMENT_1, STATEMENT_2])
+@pytest.mark.parametrize("as_param", [False, True])
+def test_issue_statements_run_as_written(db, statement, prefix, as_param):
+    text, params = prefix + statement, None
+    if as_param:
+        literal = "'Thessaloniki is a city in [MASK].'" if statement is STATEMENT_1 else "'... It was [MASK].'"
+        params = [literal.strip("'")]
+        text = text.replace(literal, "?")
+    res = db.sql(text, params)
+    if prefix:
+        assert res.columns == ("plan",)
+        assert "\n".join(r[0] for r in res.rows) == res.plan
+        assert res.plan.startswith("logical plan:")
+        assert "physical plan:" in res.plan and "rules applied:" in res.plan
+        if "ANALYZE" in prefix:
+            assert "rows=" in res.plan and "time=" in res.plan and "total:" in res.plan
+        return
+    if statement is STATEMENT_1:
+        assert res.columns == ("phrase", "score", "support")
+        want = db.fill_mask(Q, retrieval="bm25", blocks=3, max_len=10, tau=1.0, top=5)
+    else:
+        assert res.columns == ("label", "score")
+        want = db.classify("... It was [MASK].", {"positive": ["great", "awesome"],
+                                                  "negative": ["terrible", "broken"]})
+    assert key(res.answers) == key(want.answers)
+    assert [r[0] for r in res.rows] == [a.text for a in want.answers]
+    assert [r[1] for r in res.rows] == [a.score for a in want.answers]
+
+
+# ---------------------------------------------------------------- golden EXPLAIN
+
+def _golden_names():
+    return sorted(p.stem for p in GOLDEN.glob("*.sql"))
+
+
+def test_golden_inventory():
+    assert len(_golden_names()) >= 12
+
+
+@pytest.mark.parametrize("name", _golden_names())
+def test_golden_explain(db, name):
+    query = (GOLDEN / f"{name}.sql").read_text(encoding="utf-8").strip()
+    res = db.sql("EXPLAIN " + query)
+    got = "\n".join(r[0] for r in res.rows) + "\n"
+    path = GOLDEN / f"{name}.plan"
+    if UPDATE or not path.exists():
+        if not UPDATE:
+            pytest.fail(f"missing {path.name}; run with NPMDB_UPDATE_GOLDEN=1")
+        path.write_text(got, encoding="utf-8")
+    assert got == path.read_text(encoding="utf-8")
+
+
+def test_explain_does_not_touch_the_database():
+    _, compiled, notes = prepare("SELECT phrase FROM MASKED(?) USING exact WHERE doc.title = 'x'",
+                                 ["a [MASK]"])
+    assert compiled.spec.exact and compiled.spec.retrieval == "dense"
+    assert compiled.spec.doc_filter.describe == "doc.title = 'x'"
+    assert any(n.startswith("choose_exact_scan") for n in notes)
+    assert any(n.startswith("push_document_predicates") for n in notes)
+    text = compiled.physical().explain()
+    assert "ExactTopK (side=start, k=1024, index=exact scan, docs: doc.title = 'x' (masked))" in text
+
+
+# ---------------------------------------------------------------- equivalence with fill_mask
+
+def _random_masked(rng: random.Random):
+    mode = rng.choice(["phrase", "phrase", "token"])
+    kw = {
+        "top": rng.randint(1, 8), "k": rng.choice([16, 64, 256, 1024]),
+        "retrieval": rng.choice(["dense", "bm25", "hybrid"]), "blocks": rng.randint(1, 5),
+        "tau": rng.choice([0.5, 1.0, 2, 3.5]), "alpha": rng.choice([0.0, 0.5, -0.25]),
+        "exact": rng.random() < 0.3, "evidence": rng.randint(0, 3), "offset": rng.randint(0, 2),
+        "group_by": rng.choice(["phrase", "phrase", "tokens", "document"] + (["word"] if mode == "token" else [])),
+    }
+    if mode == "phrase":
+        kw.update(max_len=rng.randint(1, 12), scoring=rng.choice(["npm", "raw"]),
+                  clean_edges=rng.random() < 0.8, no_stopwords=rng.random() < 0.3)
+    kw["mode"] = mode
+    return kw
+
+
+def _masked_sql(rng: random.Random, query: str, kw: dict) -> tuple[str, list]:
+    """The same request as SQL, each value written literally or as a ? parameter."""
+    params: list = []
+
+    def v(x, bare_ok=True):
+        if rng.random() < 0.5:
+            params.append(x)
+            return "?"
+        if isinstance(x, bool):
+            return "TRUE" if x else "FALSE"
+        if isinstance(x, str):  # a bare word is read as a string in WITH
+            return x if bare_ok and rng.random() < 0.5 else "'" + x.replace("'", "''") + "'"
+        return repr(x)
+
+    source = "MASKED"
+    if kw["mode"] == "token":
+        source = rng.choice(["TOKENS", "MASKED"])
+    sql_from = f"{source}({v(query, bare_ok=False)})"
+    options = []
+    if kw["mode"] == "token" and source == "MASKED":
+        options.append(("mode", "token"))
+    method = kw["retrieval"]
+    args = []
+    if method == "dense" and kw["exact"] and rng.random() < 0.5:
+        method = "exact"
+    elif kw["exact"] or rng.random() < 0.2:
+        options.append(("exact", kw["exact"]))
+    if method in ("dense", "exact", "hybrid"):
+        args.append(("k", kw["k"]))
+    else:
+        options.append(("k", kw["k"]))
+    if method in ("bm25", "hybrid"):
+        args.append(("blocks", kw["blocks"]))
+    else:
+        options.append(("blocks", kw["blocks"]))
+    defaults = {"max_len": 10, "tau": 1.0, "alpha": 0.0, "scoring": "npm", "clean_edges": True,
+                "no_stopwords": False, "evidence": 3}
+    for name in defaults:  # a default value may be left out
+        if name in kw and (kw[name] != defaults[name] or rng.random() < 0.5):
+            options.append((name, kw[name]))
+    # values are written in text order, so params line up with the ? of the text
+    using = f" USING {method}(" + ", ".join(f"{a} => {v(x)}" for a, x in args) + ")"
+    with_ = (" WITH " + ", ".join(f"{n} = {v(x)}" for n, x in options)) if options else ""
+    group = f" GROUP BY {kw['group_by']}" if kw["group_by"] != "phrase" or rng.random() < 0.3 else ""
+    tail = f" LIMIT {v(kw['top'])}"
+    if kw["offset"] or rng.random() < 0.3:
+        tail += f" OFFSET {v(kw['offset'])}"
+    cols = rng.choice(["*", "phrase, score, support", "phrase, tokens, length, rank"])
+    return f"SELECT {cols} FROM {sql_from}{using}{with_}{group}{tail}", params
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_sql_equals_fill_mask(db, seed):
+    rng = random.Random(seed)
+    query = rng.choice(QUERIES)
+    kw = _random_masked(rng)
+    text, params = _masked_sql(rng, query, kw)
+    want = db.fill_mask(query, **kw)
+    got = db.sql(text, params)
+    assert key(got.answers) == key(want.answers), text
+    assert (got.version, got.generation) == (want.version, want.generation)
+    assert len(got.rows) == len(want.answers)
+    if got.columns[:2] == ("phrase", "tokens"):
+        for i, (row, a) in enumerate(zip(got.rows, want.answers)):
+            assert row == (a.text, a.tokens, len(a.text.split()), kw["offset"] + i + 1)
+
+
+@pytest.mark.parametrize("seed", range(15))
+def test_sql_equals_classify(db, seed):
+    rng = random.Random(1000 + seed)
+    words = ["great", "terrible", "good", "bad", "city", "genus", "act", "name", "Spain"]
+    labels = {}
+    for name in rng.sample(["positive", "negative", "neutral", "other"], rng.randint(1, 3)):
+        labels[name] = rng.sample(words, rng.randint(1, 3))
+    query = rng.choice(["It was [MASK].", "The movie was [MASK].", Q])
+    kw = {"tau": rng.choice([1.0, 5.0, 2.5]), "k": rng.choice([64, 1024]),
+          "mode": rng.choice(["phrase", "token"]), "retrieval": rng.choice(["dense", "bm25", "hybrid"]),
+          "exact": rng.random() < 0.3, "evidence": rng.randint(0, 2), "max_len": rng.randint(1, 5)}
+    top, offset = rng.choice([0, 1, 2]), rng.choice([0, 0, 1])
+    want = db.classify(query, labels, top=top, offset=offset, **kw)
+    using = {"dense": f"dense(k => {kw['k']})", "bm25": "bm25(blocks => 3)",
+             "hybrid": f"hybrid(k => {kw['k']}, blocks => 3)"}[kw["retrieval"]]
+    options = (f"tau = {kw['tau']}, mode = {kw['mode']}, exact = {kw['exact']}, "
+               f"evidence = {kw['evidence']}, max_len = {kw['max_len']}")
+    if kw["retrieval"] == "bm25":
+        options += f", k = {kw['k']}"
+    tail = (f" LIMIT {top}" if top else "") + (f" OFFSET {offset}" if offset else "")
+    label_sql = ", ".join(f"{n} = (" + ", ".join("?" for _ in ws) + ")" for n, ws in labels.items())
+    params = [query] + [w for ws in labels.values() for w in ws]
+    text = (f"SELECT label, score, support FROM CLASSIFY(?, LABELS({label_sql})) "
+            f"USING {using} WITH {options}{tail}")
+    got = db.sql(text, params)
+    assert key(got.answers) == key(want.answers), text
+    assert [r[0] for r in got.rows] == [a.text for a in want.answers]
+    # a mapping bound to the labels parameter is the same request
+    got2 = db.sql(f"SELECT label FROM CLASSIFY(:q, :labels) USING {using} WITH {options}{tail}",
+                  {"q": query, "labels": labels})
+    assert key(got2.answers) == key(want.answers)
+
+
+# ---------------------------------------------------------------- WHERE / ORDER BY on answers
+
+@pytest.fixture(scope="module")
+def everything(db):
+    """Every answer of one query, best first, and the query."""
+    q = "Salem is the capital of [MASK]."
+    return q, db.fill_mask(q, top=100_000, evidence=0).answers
+
+
+ANSWER_CASES = [
+    ("phrase LIKE '%a%'", lambda a: "a" in a.text.lower()),
+    ("phrase NOT LIKE 'a%'", lambda a: not a.text.lower().startswith("a")),
+    ("phrase LIKE '_a%'", lambda a: len(a.text) >= 2 and a.text.lower()[1] == "a"),
+    ("phrase LIKE '%'", lambda a: True),
+    ("length(phrase) <= 2", lambda a: len(a.text.split()) <= 2),
+    ("length(phrase) BETWEEN 2 AND 3", lambda a: 2 <= len(a.text.split()) <= 3),
+    ("length(phrase) NOT BETWEEN 2 AND 3", lambda a: not 2 <= len(a.text.split()) <= 3),
+    ("support >= 2", lambda a: a.support >= 2),
+    ("score > 0.0005 AND support = 1", lambda a: a.score > 0.0005 and a.support == 1),
+    ("NOT (support > 1) OR length(phrase) = 3", lambda a: a.support <= 1 or len(a.text.split()) == 3),
+    ("tokens > 2 AND NOT phrase LIKE '%e%'", lambda a: a.tokens > 2 and "e" not in a.text.lower()),
+    ("lower(phrase) = phrase", lambda a: a.text.lower() == a.text),
+    ("length(phrase) * 2 + 1 >= 5", lambda a: len(a.text.split()) * 2 + 1 >= 5),
+    ("phrase IS NOT NULL AND score IS NOT NULL", lambda a: True),
+    ("1 = 0", lambda a: False),
+]
+
+
+@pytest.mark.parametrize("cond,oracle", ANSWER_CASES, ids=[c for c, _ in ANSWER_CASES])
+def test_where_on_answers_matches_python_filter(db, everything, cond, oracle):
+    q, answers = everything
+    res = db.sql(f"SELECT phrase, score, support FROM MASKED(?) WITH evidence = 0 WHERE {cond} LIMIT 7", [q])
+    want = [a for a in answers if oracle(a)][:7]
+    assert key(res.answers) == key(want)
+    assert [r[0] for r in res.rows] == [a.text for a in want]
+
+
+def test_in_lists_bind_and_expand(db, everything):
+    q, answers = everything
+    some = [a.text for a in answers[:3]]
+    res = db.sql("SELECT phrase FROM MASKED(?) WITH evidence = 0 WHERE phrase IN (?, ?) LIMIT 10",
+                 [q, some[0], some[2]])
+    assert [r[0] for r in res.rows] == [some[0], some[2]]
+    res = db.sql("SELECT phrase FROM MASKED(:q) WITH evidence = 0 WHERE phrase NOT IN (:bad) LIMIT 4",
+                 {"q": q, "bad": some})
+    assert [r[0] for r in res.rows] == [a.text for a in answers[3:7]]
+
+
+def test_order_by(db, everything):
+    q, answers = everything
+    top = lambda text, p=(): db.sql(text, [q, *p])  # noqa: E731
+    res = top("SELECT phrase, support FROM MASKED(?) WITH evidence = 0 ORDER BY support DESC, score DESC LIMIT 6")
+    want = sorted(answers, key=lambda a: (-a.support, -a.score))[:6]
+    assert [r[0] for r in res.rows] == [a.text for a in want]
+    res = top("SELECT phrase FROM MASKED(?) WITH evidence = 0 ORDER BY phrase LIMIT 5")
+    assert [r[0] for r in res.rows] == [a.text for a in sorted(answers, key=lambda a: fold(a.text))[:5]]
+    res = top("SELECT phrase, score AS s FROM MASKED(?) WITH evidence = 0 ORDER BY s LIMIT 3")
+    assert [r[0] for r in res.rows] == [a.text for a in sorted(answers, key=lambda a: a.score)[:3]]
+    res = top("SELECT phrase, length(phrase) FROM MASKED(?) WITH evidence = 0 ORDER BY 2 DESC, score DESC LIMIT 4")
+    want = sorted(answers, key=lambda a: (-len(a.text.split()), -a.score))[:4]
+    assert [r[0] for r in res.rows] == [a.text for a in want]
+    assert [r[1] for r in res.rows] == [len(a.text.split()) for a in want]
+
+
+def test_projection_columns(db):
+    res = db.sql("SELECT *, tokens, length, rank, version, generation, evidence, doc_id, title, "
+                 "start, \"end\", snippet, text, label FROM MASKED(?) LIMIT 3 OFFSET 1", [Q])
+    want = db.fill_mask(Q, top=3, offset=1)
+    assert res.columns == ("phrase", "score", "support", "tokens", "length", "rank", "version",
+                           "generation", "evidence", "doc_id", "title", "start", "end", "snippet",
+                           "text", "label")
+    for i, (row, a) in enumerate(zip(res.rows, want.answers)):
+        d = dict(zip(res.columns, row))
+        ev = a.evidence[0]
+        assert (d["phrase"], d["score"], d["support"], d["tokens"]) == (a.text, a.score, a.support, a.tokens)
+        assert d["rank"] == i + 2 and d["version"] == want.version and d["generation"] == want.generation
+        assert d["length"] == len(a.text.split()) and d["text"] == d["label"] == a.text
+        assert (d["doc_id"], d["title"], d["start"], d["end"], d["snippet"]) == \
+            (ev.doc_id, ev.title, ev.start, ev.end, ev.snippet)
+        assert d["evidence"] == [dataclasses.asdict(e) for e in a.evidence]
+    assert res.to_list()[0]["phrase"] == want.answers[0].text
+    assert len(res) == 3 and res.answers == want.answers
+
+
+def test_limit_zero_and_offset_past_the_end(db):
+    res = db.sql("SELECT phrase FROM MASKED(?) LIMIT 0", [Q])
+    assert res.rows == () and res.answers == () and res.columns == ("phrase",)
+    assert res.version == db.version
+    res = db.sql("SELECT phrase FROM MASKED(?) USING bm25(blocks => 1) LIMIT 5 OFFSET 100000", [Q])
+    assert res.rows == ()
+
+
+# ---------------------------------------------------------------- document filters
+
+def _long_docs(db, n):
+    docs = sorted((d for d in db.documents() if d["id"].startswith("wn:")), key=lambda d: -len(d["text"]))
+    return docs[:n]
+
+
+@pytest.mark.parametrize("using", ["dense", "bm25", "hybrid", "exact", "dense(k => 8)", "exact(k => 4)"])
+def test_title_filter_restricts_retrieval_and_fills_limit(db, using):
+    docs = _long_docs(db, 2)
+    titles = {d["title"] for d in docs}
+    q = "Hagios Demetrios is located in [MASK]."
+    res = db.sql(f"SELECT phrase, title FROM MASKED(?) USING {using} WITH evidence = 1000 "
+                 "WHERE doc.title IN (?, ?) LIMIT 5", [q, *sorted(titles)])
+    assert len(res.rows) == 5  # the corpus allows it: the two documents hold many phrases
+    assert {e.title for a in res.answers for e in a.evidence} <= titles
+    assert sum(len(a.evidence) for a in res.answers) == sum(a.support for a in res.answers)
+    ev = db.sql(f"SELECT title, doc_id FROM EVIDENCE(?) USING {using} WHERE title IN (?, ?) LIMIT 5",
+                [q, *sorted(titles)])
+    assert ev.rows and {r[0] for r in ev.rows} <= titles
+    # unfiltered, those documents do not hold the top answers: the filter is not a post-filter
+    plain = db.fill_mask(q, top=5, evidence=1000)
+    assert not {e.title for a in plain.answers for e in a.evidence} <= titles
+
+
+def test_document_filter_equals_a_database_of_those_documents(db, new_db, sample_corpus):
+    keep = [d for d in sample_corpus[:600] if d["title"].lower().startswith(("s", "t"))]
+    new_db.add(keep)
+    q = "Thessaloniki is a city in [MASK]."
+    want = new_db.fill_mask(q, exact=True, k=64, top=6, evidence=1000)
+    got = db.sql("SELECT phrase FROM MASKED(?) USING exact(k => 64) WITH evidence = 1000 "
+                 "WHERE doc.title LIKE 's%' OR doc.title LIKE 'T%' LIMIT 6", [q])
+    assert [(a.text, a.support, a.tokens) for a in got.answers] == \
+        [(a.text, a.support, a.tokens) for a in want.answers]
+    assert [a.score for a in got.answers] == pytest.approx([a.score for a in want.answers], rel=1e-9)
+    assert [sorted((e.doc_id, e.start, e.end) for e in a.evidence) for a in got.answers] == \
+        [sorted((e.doc_id, e.start, e.end) for e in a.evidence) for a in want.answers]
+    bm = new_db.fill_mask(q, retrieval="bm25", blocks=2, top=6)
+    got = db.sql("SELECT phrase FROM MASKED(?) USING bm25(blocks => 2) "
+                 "WHERE lower(doc.title) LIKE 's%' OR lower(title) LIKE 't%' LIMIT 6", [q])
+    assert [a.text for a in got.answers] and {e.doc_id for a in got.answers for e in a.evidence} <= \
+        {d["id"] for d in keep}
+
+
+def test_meta_filters(new_db):
+    docs = [{"id": f"d{i}", "title": f"Doc {i}", "text": f"Salem is the capital of State{i} and "
+             f"city number {i} in the region of Area{i}.", "meta": {"year": 1990 + i * 5, "lang": "en" if i % 2 else "fr",
+                                                                 "tags": {"kind": "city"}}}
+            for i in range(8)]
+    new_db.add(docs)
+    res = new_db.sql("SELECT id, meta.year, doc.meta.tags.kind FROM DOCUMENTS WHERE doc.meta.year >= 2000 "
+                     "AND meta.lang = 'en' ORDER BY meta.year DESC")
+    want = sorted((d for d in docs if d["meta"]["year"] >= 2000 and d["meta"]["lang"] == "en"),
+                  key=lambda d: -d["meta"]["year"])
+    assert res.rows == tuple((d["id"], d["meta"]["year"], "city") for d in want)
+    allowed = {d["id"] for d in want}
+    ev = new_db.sql("SELECT doc_id FROM EVIDENCE('Salem is the capital of [MASK].') "
+                    "WHERE doc.meta.year >= 2000 AND doc.meta.lang = 'en' LIMIT 50")
+    assert ev.rows and {r[0] for r in ev.rows} <= allowed
+    res = new_db.sql("SELECT phrase FROM MASKED('Salem is the capital of [MASK].') USING bm25(blocks => 8) "
+                     "WITH evidence = 100 WHERE doc.meta.missing IS NULL AND doc.meta.year BETWEEN 1995 AND 2000")
+    assert {e.doc_id for a in res.answers for e in a.evidence} <= {"d1", "d2"}
+    assert len(res.rows) == 5
+
+
+def test_mixed_or_is_not_supported(db):
+    with pytest.raises(NotSupportedError, match="mixes document columns") as exc:
+        db.sql("SELECT phrase FROM MASKED(?) WHERE doc.title = 'x' OR phrase = 'y'", [Q])
+    assert "line 1, column" in str(exc.value) and "^" in str(exc.value)
+
+
+# ---------------------------------------------------------------- EVIDENCE, SEARCH, DOCUMENTS
+
+def test_evidence_rows_are_every_occurrence(db):
+    res = db.sql("SELECT * FROM EVIDENCE(?) LIMIT 4", [Q])
+    answers = db.fill_mask(Q, top=4, evidence=0).answers
+    assert res.columns == ("phrase", "doc_id", "title", "start", "end", "snippet", "score")
+    assert len(res.rows) == sum(a.support for a in answers)
+    assert [a.text for a in res.answers] == [a.text for a in answers]
+    texts = {}
+    for phrase, doc_id, title, start, end, snippet, score in res.rows:
+        doc = texts.get(doc_id) or texts.setdefault(doc_id, db.get(doc_id))
+        assert doc["title"] == title
+        assert fold(doc["text"][start:end]) == fold(phrase)
+        assert doc["text"][start:end] in snippet.replace("…", "")
+    # answer order is kept, occurrences best first within an answer
+    order = [r[0] for r in res.rows]
+    assert order == sorted(order, key=[a.text for a in answers].index)
+    res = db.sql("SELECT phrase, score FROM EVIDENCE(?) WITH evidence = 1 LIMIT 4", [Q])
+    assert [r[0] for r in res.rows] == [a.text for a in answers]
+
+
+def test_evidence_row_predicates_and_order(db):
+    all_rows = db.sql("SELECT phrase, doc_id, score, tokens FROM EVIDENCE(?) LIMIT 6", [Q]).rows
+    res = db.sql("SELECT phrase, doc_id, score, tokens FROM EVIDENCE(?) WHERE score > ? "
+                 "ORDER BY doc_id DESC LIMIT 6", [Q, 0.002])
+    assert list(res.rows) == sorted((r for r in all_rows if r[2] > 0.002), key=lambda r: r[1], reverse=True)
+
+
+def test_search_equals_db_search(db):
+    got = db.sql("SELECT doc_id, title, block, score, snippet FROM SEARCH(?) LIMIT 7", ["city river"])
+    assert got.to_list() == db.search("city river", limit=7)
+    assert db.sql("SELECT * FROM SEARCH('city')").to_list() == db.search("city")
+    got = db.sql("SELECT doc_id, title, block, score, snippet FROM SEARCH('city') LIMIT 3 OFFSET 2")
+    assert got.to_list() == db.search("city", limit=5)[2:]
+    # a document filter restricts BM25 itself: the top 4 of the allowed documents
+    allowed = [h for h in db.search("the", limit=1000) if h["title"].lower().startswith(("s", "м"))]
+    res = db.sql("SELECT doc_id, block, title, text, start, \"end\" FROM SEARCH('the') "
+                 "WHERE title LIKE 's%' OR title LIKE 'М%' LIMIT 4")
+    assert len(allowed) >= 4
+    assert [(r[0], r[1]) for r in res.rows] == [(h["doc_id"], h["block"]) for h in allowed[:4]]
+    for doc_id, _, title, text, start, end in res.rows:
+        assert db.get(doc_id)["text"][start:end] == text and title[0].lower() in "sм"
+
+
+def test_documents(db):
+    docs = list(db.documents())
+    res = db.sql("SELECT * FROM DOCUMENTS LIMIT 3 OFFSET 2")
+    assert res.columns == ("id", "title", "text", "meta")
+    assert res.to_list() == docs[2:5]
+    res = db.sql("SELECT id, title FROM DOCUMENTS WHERE title LIKE 'Sa%' OR id = ?", [docs[0]["id"]])
+    want = [d for d in docs if d["title"].lower().startswith("sa") or d["id"] == docs[0]["id"]]
+    assert [r[0] for r in res.rows] == [d["id"] for d in want]
+    res = db.sql("SELECT id FROM DOCUMENTS WHERE id LIKE 'wn:%' ORDER BY id DESC LIMIT 2")
+    assert [r[0] for r in res.rows] == sorted((d["id"] for d in docs if d["id"].startswith("wn:")),
+                                              reverse=True)[:2]
+    assert len(db.sql("SELECT id FROM DOCUMENTS").rows) == len(docs)
+
+
+# ---------------------------------------------------------------- versions
+
+def test_versions_tags_and_as_of(new_db, sample_corpus):
+    first = new_db.add(sample_corpus[:40])
+    new_db.tag("first")
+    second = new_db.add(sample_corpus[40:80])
+    res = new_db.sql("SHOW VERSIONS")
+    assert [r[0] for r in res.rows] == [first, second] and res.columns[0] == "id"
+    assert dict(zip(res.columns, res.rows[0]))["tags"] == "first"
+    assert new_db.sql("SHOW TAGS").rows == (("first", first),)
+    ids = {d["id"] for d in sample_corpus[:40]}
+    for ref in ("'first'", str(first), "?"):
+        res = new_db.sql(f"SELECT id FROM DOCUMENTS AS OF {ref}", [first] if ref == "?" else None)
+        assert {r[0] for r in res.rows} == ids and res.version == first
+    res = new_db.sql("SELECT phrase FROM MASKED(?) AS OF 'first' WITH evidence = 100", [Q])
+    want = new_db.fill_mask(Q, version="first", evidence=100)
+    assert res.version == first and key(res.answers) == key(want.answers)
+    assert {e.doc_id for a in res.answers for e in a.evidence} <= ids
+    assert new_db.sql("SELECT phrase FROM MASKED(?)", [Q]).version == second
+    with pytest.raises(QueryParseError, match="no version or tag named 'frist'; did you mean 'first'"):
+        new_db.sql("SELECT phrase FROM MASKED(?) AS OF 'frist'", [Q])
+
+
+# ---------------------------------------------------------------- parameters
+
+def test_parameters_are_bound_never_spliced(db):
+    tricky = "It's [MASK]') UNION SELECT * FROM DOCUMENTS --"
+    res = db.sql("SELECT phrase FROM MASKED(?) LIMIT 3", [tricky])
+    assert key(res.answers) == key(db.fill_mask(tricky, top=3).answers)
+    stmt = bind(parse("SELECT phrase FROM MASKED(:q) WHERE phrase = :p"), {"q": tricky, "p": "x'"}, "")
+    assert stmt.source.query.value == tricky and stmt.where.right.value == "x'"
+
+
+@pytest.mark.parametrize("text,params,match", [
+    ("SELECT phrase FROM MASKED(?)", None, r"no value for parameter \?0"),
+    ("SELECT phrase FROM MASKED(?) LIMIT ?", ["a [MASK]"], r"no value for parameter \?1"),
+    ("SELECT phrase FROM MASKED(?)", ["a [MASK]", 3], r"value 1 \(3\) is unused"),
+    ("SELECT phrase FROM MASKED(:q)", {"x": "a [MASK]"}, "no value for parameter :q"),
+    ("SELECT phrase FROM MASKED(:q)", {"q": "a [MASK]", "extra": 1}, "unused parameter :extra"),
+    ("SELECT phrase FROM MASKED(?)", {"q": "a [MASK]"}, "needs params as a sequence"),
+    ("SELECT phrase FROM MASKED(:q)", ["a [MASK]"], "needs params as a mapping"),
+    ("SELECT phrase FROM MASKED('a [MASK]')", ["x"], "value 0 .* is unused"),
+    ("SELECT phrase FROM MASKED(?)", "a [MASK]", "params must be a sequence"),
+    ("SELECT phrase FROM MASKED(?)", [3], "MASKED takes a string"),
+    ("SELECT phrase FROM MASKED(?) WITH tau = ?", ["a [MASK]", float("nan")], "finite"),
+    ("SELECT phrase FROM MASKED(?) WITH tau = ?", ["a [MASK]", [1]], "a list binds only"),
+    ("SELECT phrase FROM MASKED(?) LIMIT ?", ["a [MASK]", -1], "non-negative integer"),
+    ("SELECT phrase FROM MASKED(?) WHERE phrase IN (?)", ["a [MASK]", []], "empty list"),
+    ("SELECT label FROM CLASSIFY(?, ?)", ["a [MASK]", ["great"]], "labels"),
+    ("SELECT phrase FROM MASKED(?) WITH k = ?", ["a [MASK]", object()], "unsupported type"),
+])
+def test_parameter_errors(db, text, params, match):
+    with pytest.raises(ProgrammingError, match=match):
+        db.sql(text, params)
+
+
+# ---------------------------------------------------------------- errors
+
+@pytest.mark.parametrize("text,match,column", [
+    ("SELECT phrse FROM MASKED('a [MASK]')", "unknown column 'phrse' in MASKED; did you mean phrase", 8),
+    ("SELECT phrase FROM MASKED('a [MASK]') WITH tua = 1", "unknown option 'tua' for MASKED; did you mean tau", 44),
+    ("SELECT phrase FROM MASKED('a [MASK]') WITH top = 3", "write LIMIT instead", 44),
+    ("SELECT phrase FROM MASKED('a [MASK]') USING bm25(block => 3)", "did you mean blocks", 50),
+    ("SELECT lenght(phrase) FROM MASKED('a [MASK]')", "unknown function lenght\\(\\); did you mean length", 8),
+    ("SELECT phrase FROM MASKED('a [MASK]') GROUP BY phrses", "unknown GROUP BY key 'phrses'; did you mean phrase", 48),
+    ("SELECT phrase FROM MASKED('a [MASK]') WHERE doc.titel = 'x'", "did you mean doc.title", 45),
+    ("SELECT phrase FROM MASKED('a [MASK]') WHERE phrase > 3", "cannot compare text with number", 45),
+    ("SELECT phrase FROM MASKED('a [MASK]') WHERE snippet = 'x'", "not known when answers are filtered", 45),
+    ("SELECT phrase FROM MASKED('no mask') ", "exactly one mask", 27),
+    ("SELECT phrase FROM MASKED('a [MASK]') WITH max_len = 100", "max_len must be between 1 and 64", 44),
+    ("SELECT phrase FROM MASKED('a [MASK]') WITH exact = 1", "exact takes TRUE or FALSE", 52),
+    ("SELECT phrase FROM MASKED('a [MASK]') WITH scoring = rwa", "did you mean raw", 54),
+    ("SELECT phrase FROM MASKED('a [MASK]') ORDER BY doc.title", "cannot be ordered by a document column", 48),
+    ("SELECT count(*) FROM MASKED('a [MASK]')", "aggregate function count", 8),
+    ("SELECT phrase FROM SEARCH('x')", "unknown column 'phrase' in SEARCH", 8),
+    ("SELECT id FROM DOCUMENTS WITH k = 3", "DOCUMENTS takes no WITH options", 31),
+    ("SELECT phrase FROM TOKENS('a [MASK]') WITH mode = phrase", "TOKENS\\(...\\) is token mode", 44),
+    ("SELECT phrase FROM MASKED('a [MASK]') USING dense(k => 3) WITH k = 4", "k is given twice", 64),
+    ("SELCT phrase FROM MASKED('a [MASK]')", "did you mean SELECT", 1),
+    ("SELECT phrase FROM MASKED('a [MASK]'\nLIMIT 3", r"expected .*'\)'", 1),
+])
+def test_errors_are_positioned(db, text, match, column):
+    with pytest.raises(QueryParseError, match=match) as exc:
+        db.sql(text)
+    err = exc.value
+    assert err.column == column
+    assert "^" in str(err) and f"column {column}" in str(err)
+
+
+def test_error_names_what_was_expected(db):
+    with pytest.raises(QueryParseError) as exc:
+        db.sql("SELECT phrase FROM MASKED('a [MASK]') WITH tua = 1")
+    assert "tau" in exc.value.expected and exc.value.line == 1
+
+
+def test_runtime_type_errors_are_programming_errors(new_db):
+    new_db.add([{"id": "a", "text": "Paris is a city in France.", "meta": {"year": "old"}},
+                {"id": "b", "text": "Rome is a city in Italy.", "meta": {"year": 1999}}])
+    with pytest.raises(ProgrammingError, match="cannot compare text with number"):
+        new_db.sql("SELECT id FROM DOCUMENTS WHERE doc.meta.year > 1990")
+    with pytest.raises(ProgrammingError, match="expected a condition"):
+        new_db.sql("SELECT id FROM DOCUMENTS WHERE doc.meta.year")
+    assert new_db.sql("SELECT id FROM DOCUMENTS WHERE doc.meta.year = 1999").rows == (("b",),)
+
+
+def test_like_matcher():
+    assert like("a%b_c")("AxxbZc") and not like("a%b_c")("axxbc")
+    assert like("%%")("") and like("_")("x") and not like("_")("")
+    assert like("%ab%ab%")("xxabyyab") and not like("%ab%ab%")("xxab")
+    assert like("ab%ba")("aba") is False and like("a%a")("aa")
+    assert not like("%" + "a%" * 40 + "b")("a" * 5000)  # no catastrophic backtracking
+
+
+def test_logical_plan_is_printable_and_rules_are_separate():
+    from npmdb.query.logical import build
+
+    text = "SELECT phrase FROM MASKED('a [MASK]') USING exact WHERE doc.id = 'x' AND support > 1"
+    raw = build(parse(text), text)
+    assert isinstance(L.chain(raw)[-1], L.Retrieve) and L.chain(raw)[-1].method == "exact"
+    assert "Filter[where] (doc.id = 'x' AND support > 1)" in L.explain(raw)
+    plan, notes = optimize(raw, text)
+    assert [n.split(":")[0] for n in notes] == ["choose_exact_scan", "push_document_predicates",
+                                                 "split_answer_predicates", "default_limit",
+                                                 "fold_limit_into_top"]
+    printed = L.explain(plan)
+    assert "Filter[answer] (support > 1)" in printed and "docs: doc.id = 'x'" in printed
+
+
+def test_cli_sql(db, tiny_db_path):
+    # another process: LMDB opens an environment once per process
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "npmdb", "sql", str(tiny_db_path), *args],
+                              capture_output=True, text=True, timeout=60)
+
+    out = cli("SELECT doc_id, block FROM SEARCH(?) LIMIT 3", "--params", json.dumps(["city"]), "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == [{"doc_id": h["doc_id"], "block": h["block"]}
+                                      for h in db.search("city", limit=3)]
+    out = cli("SELECT phrse FROM MASKED('a [MASK]')")
+    assert out.returncode == 2 and "did you mean phrase" in out.stderr
+
+
+# ---------------------------------------------------------------- fuzzing
+
+FRAGMENTS = [
+    "SELECT", "EXPLAIN", "ANALYZE", "SHOW", "VERSIONS", "TAGS", "FROM", "MASKED", "TOKENS",
+    "CLASSIFY", "EVIDENCE", "SEARCH", "DOCUMENTS", "LABELS", "(", ")", ",", "*", ".", "phrase",
+    "score", "support", "label", "tokens", "length", "doc.title", "doc.meta.year", "doc.id",
+    "doc_id", "title", "id", "meta", "snippet", "rank", "length(phrase)", "lower(title)",
+    "'x [MASK]'", "'Paris is the capital of [MASK].'", "'city'", "'great'", "'%a%'", "''",
+    "?", ":q", "WHERE", "AND", "OR", "NOT", "LIKE", "IN", "BETWEEN", "IS", "NULL", "=", "<", ">=",
+    "!=", "+", "-", "/", "0", "1", "5", "-1", "2.5", "1e9", "99999999999", "USING", "bm25",
+    "dense", "hybrid", "exact", "blocks", "k", "=>", "WITH", "tau", "max_len", "alpha", "mode",
+    "'token'", "evidence", "GROUP", "BY", "document", "ORDER", "DESC", "ASC", "LIMIT", "OFFSET",
+    "AS", "OF", "'HEAD'", ";", "TRUE", "FALSE", "pos", "=", "positive", "--", "/*", "*/", "\n",
+]
+VALID = [
+    STATEMENT_1, STATEMENT_2,
+    "SELECT * FROM MASKED(?) USING hybrid(k => 64, blocks => 2) WITH evidence = 1 LIMIT 3",
+    "SELECT tokens, score FROM TOKENS('The capital of Greece is [MASK].') USING dense(k => 64) LIMIT 4",
+    "SELECT phrase, doc_id FROM EVIDENCE('Salem is the capital of [MASK].') WHERE title LIKE 'S%' LIMIT 2",
+    "SELECT doc_id, title, score FROM SEARCH('city') WHERE score > 1 ORDER BY title LIMIT 5",
+    "SELECT id, title FROM DOCUMENTS WHERE title LIKE 'Sa%' OR id IN ('wn:1', 'x') LIMIT 10",
+    "EXPLAIN ANALYZE SELECT phrase FROM MASKED(:q) USING exact(k => 32) WHERE length(phrase) <= 2 AND "
+    "doc.id LIKE 'wn:%' ORDER BY support DESC LIMIT 5 OFFSET 1",
+    "SELECT phrase FROM MASKED('a [MASK] b') AS OF 1 USING bm25(blocks => 2) WITH max_len = 3, "
+    "tau = 0.5, alpha = 1, scoring = raw, no_stopwords = TRUE GROUP BY tokens",
+    "SHOW VERSIONS", "SHOW TAGS",
+]
+PARAMS = st.sampled_from([None, [], [Q], [Q, 2], {"q": Q}, {"q": 3}, [1.5, "a"], ["x [MASK]"] * 3])
+
+
+FUZZ_OUTCOMES: dict[str, int] = {}
+
+
+def _run_safely(db, text, params):
+    outcome = "ok"
+    try:
+        with time_limit(20):
+            db.sql(text, params)
+    except Error as exc:  # every failure must be an npmdb.Error; anything else fails the test
+        outcome = type(exc).__name__
+    FUZZ_OUTCOMES[outcome] = FUZZ_OUTCOMES.get(outcome, 0) + 1
+
+
+_fuzz = settings(max_examples=120, deadline=None, derandomize=True,
+                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+
+@_fuzz
+@given(text=st.lists(st.sampled_from(FRAGMENTS), max_size=24).map(" ".join), params=PARAMS)
+def test_fuzz_token_soup(db, text, params):
+    _run_safely(db, text, params)
+
+
+@_fuzz
+@given(base=st.sampled_from(VALID), edits=st.lists(st.tuples(
+    st.sampled_from(["delete", "insert", "replace", "duplicate"]), st.integers(0, 10_000),
+    st.integers(1, 12), st.sampled_from(FRAGMENTS + list("()',;:?*-=.0123456789 \"`\\"))),
+    max_size=4), params=PARAMS, fit=st.booleans())
+def test_fuzz_mutated_queries(db, base, edits, params, fit):
+    text = base
+    for op, at, n, frag in edits:
+        i = at % (len(text) + 1)
+        if op == "delete":
+            text = text[:i] + text[i + n:]
+        elif op == "insert":
+            text = text[:i] + frag + text[i:]
+        elif op == "replace":
+            text = text[:i] + frag + text[i + n:]
+        else:
+            text = text[:i] + text[i:i + n] + text[i:]
+    if fit:  # values for exactly the parameters the text has, so that most edits execute
+        try:
+            found = A.params(parse(text))
+        except Error:
+            found = ()
+        names = {p.name for p in found if p.name}
+        params = {n: Q for n in names} if names else ([Q] * len(found) if found else None)
+    _run_safely(db, text, params)
+
+
+@_fuzz
+@given(text=st.text(max_size=60), params=PARAMS)
+def test_fuzz_random_text(db, text, params):
+    _run_safely(db, text, params)
+
+
+_VALUES = st.sampled_from(["0", "1", "3", "64", "1000000000000", "-1", "0.5", "1e308", "-2.5",
+                           "TRUE", "FALSE", "NULL", "'raw'", "token", "phrase", "''", "?"])
+_PREDICATES = st.sampled_from([
+    "phrase LIKE '%a%'", "length(phrase) <= 2", "support > 1", "score > 0.001", "doc.title LIKE 'S%'",
+    "doc.id IN ('wn:00236194', 'x')", "doc.meta.year >= 2000", "title = 'springboard'", "tokens < 3",
+    "phrase NOT IN ('act', 'genus')", "label = 'positive'", "snippet LIKE '%'", "id LIKE 'wn:%'",
+    "score BETWEEN 0 AND 1", "doc.meta.x IS NULL", "lower(phrase) = 'act'", "1 = 1", "phrase > 3",
+    "round(score, 2) >= 0", "coalesce(doc.meta.year, 0) = 0", "start > 3", "-score < 0",
+])
+
+
+@st.composite
+def generated_queries(draw):
+    """Grammatical statements with random (often invalid) choices of columns and values."""
+    source = draw(st.sampled_from([
+        "MASKED(?)", "TOKENS(?)", "EVIDENCE(?)", "SEARCH('city')", "DOCUMENTS",
+        "CLASSIFY(?, LABELS(positive = ('great', 'act'), negative = 'genus'))"]))
+    cols = draw(st.lists(st.sampled_from(["*", "phrase", "score", "support", "label", "tokens",
+                                          "length(phrase)", "doc_id", "title", "snippet", "rank",
+                                          "id", "text", "meta", "block", "evidence", "doc.meta.x"]),
+                         min_size=1, max_size=4))
+    sane = draw(st.integers(0, 3)) > 0  # mostly values of the right kind, so that most run
+    if sane:
+        pool = {"MASKED(?)": ["phrase", "score", "support", "tokens", "length(phrase)", "rank", "title"],
+                "SEARCH('city')": ["doc_id", "title", "score", "block", "snippet"],
+                "DOCUMENTS": ["id", "title", "meta", "text"]}.get(source, ["phrase", "score", "doc_id"])
+        cols = [c if c in pool or c == "*" else pool[i % len(pool)] for i, c in enumerate(cols)]
+    text = f"SELECT {', '.join(cols)} FROM {source}"
+    if draw(st.booleans()):
+        text += " AS OF " + draw(st.sampled_from(["1", "'HEAD'", "'nope'", "0"]))
+    masked = source not in ("SEARCH('city')", "DOCUMENTS")
+    if draw(st.booleans()) and (masked or not sane):
+        method = draw(st.sampled_from(["dense", "bm25", "hybrid", "exact"]))
+        arg = draw(st.sampled_from(["", "k", "blocks"]))
+        if sane:
+            arg = {"bm25": "blocks", "dense": "k", "exact": "k"}.get(method, arg)
+        value = draw(st.sampled_from(["1", "3", "64", "1000000000000"]) if sane else _VALUES)
+        text += f" USING {method}" + (f"({arg} => {value})" if arg else "")
+    opts = draw(st.lists(st.sampled_from(["k", "blocks", "max_len", "tau", "exact", "clean_edges",
+                                          "evidence", "mode", "alpha", "scoring", "no_stopwords"]),
+                         max_size=4, unique=True))
+    if sane:
+        opts = [o for o in opts if masked and o not in text
+                and not (source.startswith("CLASSIFY") and o in ("alpha", "scoring", "no_stopwords"))]
+    good = {"k": ["1", "16", "100000"], "blocks": ["1", "7", "100000"], "max_len": ["1", "5", "64"],
+            "tau": ["0.1", "1", "50"], "alpha": ["-1", "0", "2.5"], "exact": ["TRUE", "FALSE"],
+            "clean_edges": ["TRUE", "FALSE"], "no_stopwords": ["TRUE", "FALSE"], "scoring": ["raw", "npm"],
+            "evidence": ["0", "1", "1000"], "mode": ["token", "'phrase'"]}
+    if opts:
+        text += " WITH " + ", ".join(
+            f"{o} = {draw(st.sampled_from(good[o]) if sane else _VALUES)}" for o in opts)
+    preds = draw(st.lists(_PREDICATES, max_size=3 if not sane else 1))
+    if preds:
+        text += " WHERE " + draw(st.sampled_from([" AND ", " OR "])).join(preds)
+    if draw(st.booleans()):
+        text += " GROUP BY " + draw(st.sampled_from(["phrase", "tokens", "document", "word", "label"]))
+    if draw(st.booleans()):
+        text += " ORDER BY " + draw(st.sampled_from(["score DESC", "phrase", "1", "support, length(phrase)",
+                                                     "title", "doc_id DESC", "length"]))
+    if draw(st.booleans()):
+        text += " LIMIT " + draw(st.sampled_from(["0", "1", "5", "1000000000", "?"]))
+    if draw(st.booleans()):
+        text += " OFFSET " + draw(st.sampled_from(["0", "3", "1000000000"]))
+    if draw(st.integers(0, 5)) == 0:
+        text = draw(st.sampled_from(["EXPLAIN ", "EXPLAIN ANALYZE "])) + text
+    return text
+
+
+@settings(_fuzz, max_examples=300)
+@given(text=generated_queries(), value=st.sampled_from([Q, "Salem is the capital of [MASK].", 3, 0.5, "x"]))
+def test_fuzz_generated_queries(db, text, value):
+    _run_safely(db, text, [value] * text.count("?"))
+
+
+def test_fuzzing_reached_execution():
+    """The mutated queries above must not all die in the parser."""
+    if not FUZZ_OUTCOMES:
+        pytest.skip("run with the fuzz tests")
+    assert FUZZ_OUTCOMES.get("ok", 0) >= 100, FUZZ_OUTCOMES

@@ -1,0 +1,280 @@
+"""npmdb.train: batches, the training loop, REALM-style refresh, resume, no pickle.
+
+Every test trains a tiny random encoder on a *copy* of the shared tiny database.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import threading
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import pytest
+import torch
+
+import npmdb
+from npmdb.errors import OperationalError, ProgrammingError
+from npmdb.train.batches import BatchSampler, NeighbourIndex, load_blocks
+from npmdb.train.masking import mask_spans
+from npmdb.train.trainer import STATE_DIR, TrainReport, _backward, _RowEncoder, load_train_state
+
+FORBIDDEN = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt")
+
+
+@pytest.fixture()
+def db_copy(tiny_db_path, tmp_path):
+    path = tmp_path / "db"
+    shutil.copytree(tiny_db_path, path)
+    with npmdb.open(path, progress=False) as db:
+        yield db
+
+
+def no_pickles(root: Path) -> list[str]:
+    return [str(p) for p in root.rglob("*") if p.suffix in FORBIDDEN]
+
+
+def complete_pairs(db) -> set[tuple[int, int]]:
+    return {(v["id"], v["generation"]) for v in db.versions()}
+
+
+# --------------------------------------------------------------------------- batches
+
+def test_load_blocks_and_neighbours(tiny_db):
+    corpus = load_blocks(tiny_db)
+    assert corpus.num_blocks >= 600 and corpus.num_docs == 600
+    assert corpus.ptr[-1] == len(corpus.tokens) == len(corpus.flags)
+    assert np.all(np.diff(corpus.doc) >= 0)
+    index = NeighbourIndex(corpus)
+    # a block's best neighbours share at least one of its (usable) words
+    for b in range(0, corpus.num_blocks, 97):
+        nb, score = index.neighbours([b], 5)
+        assert b not in nb.tolist()
+        assert np.all(np.diff(score) <= 1e-12)
+        mine = set(index.words(b).tolist())
+        for n in nb.tolist():
+            assert mine & set(index.words(n).tolist())
+
+
+def _spans(sampler, enc, n=20, seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        blocks = sampler.next_batch(rng)
+        assert len(blocks) == len(set(blocks)) == sampler.batch_blocks
+        toks, ws, we, docs = sampler.arrays(blocks)
+        mb = mask_spans(toks, ws, we, docs, mask_id=enc.mask_id, cls_id=enc.cls_id,
+                        sep_id=enc.sep_id, pad_id=enc.pad_id, rng=rng)
+        out.append(mb.num_spans)
+    return float(np.mean(out))
+
+
+def test_neighbour_grouping_masks_more_than_random(tiny_db):
+    corpus = load_blocks(tiny_db)
+    enc = tiny_db.encoder
+    nb = _spans(BatchSampler(corpus, batch_blocks=16, grouping="neighbours"), enc)
+    rnd = _spans(BatchSampler(corpus, batch_blocks=16, grouping="random"), enc)
+    assert nb > 1.3 * rnd, (nb, rnd)
+
+
+def test_sampler_state_round_trip(tiny_db):
+    corpus = load_blocks(tiny_db)
+    a = BatchSampler(corpus, batch_blocks=8, seed=3)
+    for i in range(5):
+        a.next_batch(np.random.default_rng(i))
+    b = BatchSampler(corpus, batch_blocks=8, seed=0)
+    b.load_state(a.state())
+    for i in range(5, 9):
+        assert a.next_batch(np.random.default_rng(i)) == b.next_batch(np.random.default_rng(i))
+
+
+def test_grad_cache_equals_one_graph(tiny_db):
+    corpus = load_blocks(tiny_db)
+    enc = tiny_db.encoder
+    sampler = BatchSampler(corpus, batch_blocks=12, seed=1)
+    rng = np.random.default_rng(0)
+    toks, ws, we, docs = sampler.arrays(sampler.next_batch(rng))
+    mb = mask_spans(toks, ws, we, docs, mask_id=enc.mask_id, cls_id=enc.cls_id,
+                    sep_id=enc.sep_id, pad_id=enc.pad_id, rng=rng)
+    assert mb.num_spans > 0
+    def run(cache: bool, chunk: int, train_mode: bool):
+        model = copy.deepcopy(enc.model).train(train_mode)
+        torch.manual_seed(0)
+        stats = _backward(_RowEncoder(model, torch.device("cpu"), enc.pad_id, chunk), mb,
+                          "phrase", grad_cache=cache)
+        return stats.loss, {n: p.grad.clone() for n, p in model.named_parameters()
+                            if p.grad is not None}
+
+    # dropout on: the cached pass and its replay must draw the same dropout masks;
+    # dropout off: chunking (padding, order) changes nothing either
+    for a, b in [((False, 64, True), (True, 64, True)),
+                 ((False, 100_000, False), (True, 48, False))]:
+        (l1, g1), (l2, g2) = run(*a), run(*b)
+        assert l1 == pytest.approx(l2, rel=1e-5)
+        assert g1.keys() == g2.keys() and len(g1) > 10
+        for n in g1:
+            torch.testing.assert_close(g1[n], g2[n], rtol=1e-3, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- training
+
+def test_train_writes_a_tagged_generation(db_copy):
+    db = db_copy
+    v_old = db.version
+    q = "Zambia is a republic in [MASK]."
+    before = db.fill_mask(q)
+    assert before.generation == 0
+    report = npmdb.train(db, steps=3, batch_blocks=8, lr=1e-4, progress=False)
+    assert isinstance(report, TrainReport)
+    assert report.steps == report.steps_run == 3
+    assert np.isfinite(report.final_loss) and np.isfinite(report.first_loss)
+    assert report.spans_per_batch > 0 and report.device == "cpu"
+    assert report.tags == ("train-step-3",) and len(report.generations) == 1
+    head = db.versions()[-1]
+    assert head["head"] and head["generation"] == report.generations[0] == 1
+    assert head["tags"] == ["train-step-3"] and report.head_version == head["id"]
+    new = db.fill_mask(q)
+    assert (new.version, new.generation) == (head["id"], 1)
+    old = db.fill_mask(q, version=v_old)  # the old version answers with its own encoder
+    assert (old.version, old.generation) == (v_old, 0)
+    assert [a.text for a in old.answers] == [a.text for a in before.answers]
+    # the checkpoint is a safetensors file inside the database; nothing is pickled
+    assert (db.path / "encoders" / "g1" / "model.safetensors").exists()
+    assert (db.path / STATE_DIR / "state.safetensors").exists()
+    assert no_pickles(db.path) == []
+    assert "trained 3 steps" in str(report)
+
+
+def test_loss_decreases_on_a_small_fixed_corpus(new_db):
+    words = ["Paris", "Lyon", "Marseille", "Berlin", "Munich", "Hamburg", "Rome", "Milan"]
+    docs = [f"{w} is a city. {w} lies in {c}. The river near {w} is wide."
+            for w, c in zip(words, ["France"] * 3 + ["Germany"] * 3 + ["Italy"] * 2)]
+    new_db.add(docs)
+    losses: list[float] = []
+    report = npmdb.train(new_db, steps=30, batch_blocks=8, lr=2e-3, warmup=2, progress=False,
+                         callback=lambda d: losses.append(d["loss"]))
+    assert len(losses) == 30 and all(np.isfinite(losses))
+    assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5]), losses
+    assert report.final_loss < report.first_loss
+
+
+def test_resume_continues_the_step_count(db_copy):
+    db = db_copy
+    with pytest.raises(ProgrammingError, match="nothing to resume"):
+        npmdb.train(db, steps=4, resume=True, progress=False)
+    r1 = npmdb.train(db, steps=4, batch_blocks=6, lr=1e-4, refresh_every=2, seed=7,
+                     progress=False)
+    assert r1.tags == ("train-step-2", "train-step-4")
+    meta, tensors = load_train_state(db)
+    assert meta["step"] == 4 and meta["generation"] == r1.generations[-1] and meta["seed"] == 7
+    assert tensors and all(isinstance(t, torch.Tensor) for t in tensors.values())
+    # the metadata is plain msgpack
+    raw = msgpack.unpackb((db.path / STATE_DIR / "state.msgpack").read_bytes(), raw=False)
+    assert raw["hyper"]["batch_blocks"] == 6
+    with pytest.raises(ProgrammingError, match="already at step 4"):
+        npmdb.train(db, steps=4, resume=True, progress=False)
+    r2 = npmdb.train(db, steps=6, resume=True, progress=False)
+    assert r2.resumed_from == 4 and r2.steps == 6 and r2.steps_run == 2
+    assert r2.tags == ("train-step-6",) and r2.config["batch_blocks"] == 6
+    assert r2.config["seed"] == 7
+    assert load_train_state(db, tensors=False)[0]["step"] == 6
+    assert no_pickles(db.path) == []
+
+
+def test_refresh_while_querying(db_copy):
+    db = db_copy
+    seen: list[tuple[int, int]] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def query_loop():
+        i = 0
+        while not stop.is_set():
+            try:
+                mode = "bm25" if i % 2 else "dense"
+                r = db.fill_mask("Lemnos is a Greek island in the [MASK].", retrieval=mode,
+                                 top=3)
+                seen.append((r.version, r.generation))
+            except BaseException as exc:  # noqa: BLE001
+                errors.append(exc)
+                return
+            i += 1
+
+    t = threading.Thread(target=query_loop)
+    t.start()
+    try:
+        report = npmdb.train(db, steps=15, batch_blocks=6, lr=1e-4, refresh_every=5,
+                             progress=False)
+    finally:
+        stop.set()
+        t.join()
+    assert not errors, errors
+    assert len(report.generations) >= 2  # at least one mid-training refresh, plus the final
+    assert report.tags[-1] == "train-step-15"
+    assert seen and set(seen) <= complete_pairs(db)
+    assert db.versions()[-1]["generation"] == report.generations[-1]
+    assert (db.version, db.fill_mask("Lemnos is in [MASK].").generation) == \
+        (report.head_version, report.head_generation)
+
+
+def test_token_objective(db_copy):
+    report = npmdb.train(db_copy, steps=3, batch_blocks=6, objective="token", progress=False)
+    assert report.objective == "token" and np.isfinite(report.final_loss)
+    assert report.spans_per_batch > 0
+    r = db_copy.fill_mask("Lemnos is in [MASK].", mode="token")
+    assert r.generation == report.head_generation
+
+
+def test_grad_cache_training_runs(db_copy):
+    report = npmdb.train(db_copy, steps=2, batch_blocks=8, grad_cache=True, chunk_tokens=512,
+                         loss_chunk=256, progress=False)
+    assert report.steps == 2 and np.isfinite(report.final_loss)
+
+
+def test_npmdb_train_is_callable_after_submodule_import(db_copy):
+    import npmdb.train.masking  # noqa: F401 - binds the attribute npmdb.train to the package
+    assert callable(npmdb.train)
+    report = npmdb.train(db_copy, steps=1, batch_blocks=4, progress=False)
+    assert report.steps == 1
+
+
+def test_cli_train(db_copy, capsys):
+    from npmdb.cli import main
+
+    path = str(db_copy.path)
+    db_copy.close()
+    assert main(["train", path, "--steps", "2", "--batch-blocks", "4", "-q"]) == 0
+    assert "trained 2 steps" in capsys.readouterr().out
+    with npmdb.open(path, progress=False) as db:
+        assert db.versions()[-1]["tags"] == ["train-step-2"]
+
+
+# --------------------------------------------------------------------------- arguments
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"steps": 0}, "steps must be >= 1"),
+    ({"steps": 2.5}, "steps must be an integer"),
+    ({}, "steps is required"),
+    ({"steps": 2, "objective": "mlm"}, "unknown objective"),
+    ({"steps": 2, "batch_blocks": 1}, "batch_blocks must be >= 2"),
+    ({"steps": 2, "lr": 0}, "lr must be in"),
+    ({"steps": 2, "refresh_every": -1}, "refresh_every must be >= 0"),
+    ({"steps": 2, "preset": "huge"}, "unknown preset"),
+    ({"steps": 2, "grouping": "topics"}, "grouping must be one of"),
+])
+def test_bad_arguments(tiny_db, kwargs, match):
+    with pytest.raises(ProgrammingError, match=match):
+        npmdb.train(tiny_db, progress=False, **kwargs)
+
+
+def test_readonly_and_empty(tiny_db_path, tmp_path, new_db):
+    path = tmp_path / "ro"
+    shutil.copytree(tiny_db_path, path)
+    with npmdb.open(path, readonly=True, progress=False) as db:
+        with pytest.raises(OperationalError, match="read-only"):
+            npmdb.train(db, steps=1)
+    with pytest.raises(ProgrammingError, match="no documents"):
+        npmdb.train(new_db, steps=1, progress=False)
+    assert no_pickles(path) == []

@@ -1,0 +1,308 @@
+"""Versioned snapshots: time travel, incremental segments, optimize, vacuum, crash safety,
+concurrent readers (issue: versioned corpus snapshots)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import npmdb
+from npmdb.boundaries import fold
+
+HERE = Path(__file__).resolve().parent
+
+
+def _answers(res):
+    return [(fold(a.text), round(a.score, 6), a.support) for a in res]
+
+
+# -- time travel (TempLAMA-style, on real text) ------------------------------------------
+
+
+def test_as_of_each_version_answers_its_own_fact(tmp_path, sample_corpus):
+    """Version A states one fact, version B the same documents with the fact changed; the
+    same query AS OF each version returns that version's answer, before and after vacuum."""
+    base = [d for d in sample_corpus if d["id"].startswith("wn:")][:120]
+    fact_a = {"id": "fact:capital", "title": "Freedonia",
+              "text": "Freedonia (Republic of Freedonia): a small country whose capital is Alphaville."}
+    fact_b = dict(fact_a, text="Freedonia (Republic of Freedonia): a small country whose "
+                               "capital is Betatown since the 2021 reform.")
+    q = "The capital of Freedonia is [MASK]."
+    with npmdb.open(tmp_path / "db", progress=False) as db:
+        db.add(base + [fact_a])
+        db.tag("wiki-2019")
+        db.update([fact_b])
+        db.tag("wiki-2022")
+        extra = [d for d in sample_corpus if d["id"].startswith("freedict")][:20]
+        db.add(extra)  # untagged: vacuumed later
+        db.delete([d["id"] for d in extra[:5]])
+        for when, want in (("wiki-2019", "alphaville"), ("wiki-2022", "betatown")):
+            # every phrase of the retrieved blocks (the untrained encoder ranks poorly; this
+            # test is about which corpus answers, not about ranking)
+            res = db.fill_mask(q, retrieval="bm25", version=when, top=200, blocks=2)
+            texts = [fold(a.text) for a in res]
+            assert want in texts, (when, texts)
+            other = "betatown" if want == "alphaville" else "alphaville"
+            assert other not in texts
+            for a in res:
+                for e in a.evidence:
+                    assert e.doc_id in {d["id"] for d in base} | {"fact:capital"}
+        diff = db.diff("wiki-2019", "wiki-2022")
+        assert diff.changed == ("fact:capital",) and not diff.added and not diff.removed
+        removed = db.vacuum()
+        assert removed["versions"] >= 1
+        for when, want in (("wiki-2019", "alphaville"), ("wiki-2022", "betatown")):
+            texts = [fold(a.text) for a in db.fill_mask(q, retrieval="bm25", version=when,
+                                                         top=200, blocks=2)]
+            assert want in texts
+        assert {t for v in db.versions() for t in v["tags"]} == {"wiki-2019", "wiki-2022"}
+
+
+def test_checkout_is_read_only_and_restore_makes_a_new_version(new_db):
+    v1 = new_db.add([{"id": "a", "text": "Salem is the capital of Oregon."}])
+    new_db.delete("a")
+    assert new_db.count() == 0
+    view = new_db.checkout(v1)
+    assert view.count() == 1 and view.get("a")["text"].startswith("Salem")
+    with pytest.raises(npmdb.OperationalError, match="read-only"):
+        view.add(["more text"])
+    v3 = new_db.restore(v1)
+    assert v3 > v1 and new_db.count() == 1 and new_db.get("a") is not None
+    with pytest.raises(npmdb.ProgrammingError, match="no version or tag"):
+        new_db.fill_mask("x [MASK]", version="nope")
+
+
+def test_batch_groups_changes_into_one_version(new_db):
+    v0 = new_db.add(["one document", "two documents"])
+    with new_db.batch():
+        new_db.add([{"id": "x", "text": "Rome is in Italy."}])
+        new_db.add([{"id": "y", "text": "Paris is in France."}])
+        new_db.delete("x")
+    assert new_db.version == v0 + 1
+    assert new_db.get("x") is None and new_db.get("y") is not None
+    assert len(new_db.versions()) == 2
+
+
+def test_batch_rolls_back_on_error(new_db):
+    new_db.add([{"id": "keep", "text": "Oslo is in Norway."}])
+    before = (new_db.version, new_db.count())
+    with pytest.raises(npmdb.IntegrityError):
+        with new_db.batch():
+            new_db.add([{"id": "new", "text": "Bern is in Switzerland."}])
+            new_db.add([{"id": "keep", "text": "duplicate"}])
+    assert (new_db.version, new_db.count()) == before
+    assert new_db.get("new") is None
+    segs = sorted(p.name for p in (new_db.path / "segments").iterdir())
+    assert segs == ["s000001"], segs
+
+
+# -- segments fan out and merge exactly ---------------------------------------------------
+
+
+def test_many_small_adds_equal_one_add_and_optimize(tmp_path, tiny_encoder, sample_corpus,
+                                                    sample_cloze):
+    docs = sample_corpus[:300]
+    queries = [c["query"] for c in sample_cloze[:12]]
+    with npmdb.open(tmp_path / "one", encoder=tiny_encoder, progress=False) as one, \
+            npmdb.open(tmp_path / "many", encoder=tiny_encoder, progress=False) as many:
+        one.add(docs)
+        for i in range(0, len(docs), 40):
+            many.add(docs[i:i + 40])
+        assert len(many.versions()) == 8
+        for mode in ("phrase", "token"):
+            for q in queries:
+                a = one.fill_mask(q, exact=True, k=256, mode=mode, top=10)
+                b = many.fill_mask(q, exact=True, k=256, mode=mode, top=10)
+                assert _answers(a) == _answers(b), q
+        many.delete([d["id"] for d in docs[:25]])
+        one_minus = npmdb.open(tmp_path / "one-minus", encoder=tiny_encoder, progress=False)
+        with one_minus:
+            one_minus.add(docs[25:])
+            before = {q: _answers(many.fill_mask(q, exact=True, k=256, top=10)) for q in queries}
+            many.optimize()
+            assert many.stats()["segments"] == 1
+            for q in queries:
+                ref = _answers(one_minus.fill_mask(q, exact=True, k=256, top=10))
+                assert _answers(many.fill_mask(q, exact=True, k=256, top=10)) == ref == before[q]
+            # the ANN index of the merged segment answers too
+            assert many.fill_mask(queries[0]).answers
+
+
+def test_deleted_documents_never_answer(new_db, sample_corpus):
+    new_db.add(sample_corpus[:80])
+    gone = [d["id"] for d in sample_corpus[:40]]
+    new_db.delete(gone)
+    for retrieval in ("dense", "bm25", "hybrid"):
+        for q in ("Spain is a country in [MASK].", "The capital is [MASK]."):
+            res = new_db.fill_mask(q, retrieval=retrieval, top=20, k=64, evidence=50)
+            for a in res:
+                assert all(e.doc_id not in gone for e in a.evidence)
+
+
+# -- crash safety --------------------------------------------------------------------------
+
+
+def _live_ids(db) -> set[str]:
+    return {d["id"] for d in db.documents()}
+
+
+def _parse_log(path: Path):
+    """Committed state (set of live ids) and the in-flight change, from a child's log."""
+    committed: set[str] = set()
+    inflight = None
+    if not path.exists():
+        return committed, inflight
+    for line in path.read_text().splitlines():
+        kind, op, payload = line.split(" ", 2)
+        if kind == "BEGIN":
+            inflight = (op, json.loads(payload))
+        elif kind == "COMMIT":
+            committed = _apply(committed, inflight)
+            inflight = None
+    return committed, inflight
+
+
+def _apply(state: set[str], change) -> set[str]:
+    if change is None:
+        return state
+    op, arg = change
+    if op == "add":
+        return state | set(arg)
+    if op == "delete":
+        return state - set(arg)
+    if op == "batch":
+        return (state | set(arg["add"])) - set(arg["delete"])
+    return state
+
+
+def _check_clean(db) -> None:
+    from npmdb.storage import codec as C
+    from npmdb.storage import versions as V
+
+    seg_root = db.path / "segments"
+    with db.env.read() as txn:
+        records = {C.read_u32(bytes(k)) for k in
+                   txn.cursor(db=db.env.dbs["segments"]).iternext(values=False)}
+        nxt = int(V.get_meta(txn, db.env.dbs, "next_segment", 1))
+        assert not V.get_meta(txn, db.env.dbs, "trash", [])
+        for k in txn.cursor(db=db.env.dbs["vectors"]).iternext(values=False):
+            assert C.read_u32(bytes(k), 4) < nxt
+        head = V.head(txn, db.env.dbs)
+    if seg_root.exists():
+        for p in seg_root.iterdir():
+            assert not p.name.startswith("tmp-"), p
+            assert int(p.name[1:]) in records, f"orphan segment dir {p.name}"
+    if head is not None:
+        for s in head.segments:
+            assert s in records
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_points_never_loses_or_tears(tmp_path, tiny_encoder):
+    """>= 50 trials: SIGKILL a writer during add/delete/batch/optimize/vacuum; reopen and
+    check that HEAD is a complete version holding exactly the committed changes (or the
+    in-flight one, if its commit landed), every committed document answers, and no
+    orphaned file or record survives the next writer's open."""
+    trials = int(os.environ.get("NPMDB_CRASH_TRIALS", "50"))
+    db_path = tmp_path / "db"
+    with npmdb.open(db_path, encoder=tiny_encoder, progress=False) as db:
+        db.add([{"id": "seed-0", "text": "Salem is the capital of Oregon."}])
+    log = Path(str(db_path) + ".log")
+    log.write_text('BEGIN add ["seed-0"]\nCOMMIT add 1\n')
+    proc = subprocess.Popen([sys.executable, str(HERE / "crash_worker.py"), str(db_path),
+                             str(tiny_encoder)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env=dict(os.environ, TOKENIZERS_PARALLELISM="false"))
+    try:
+        assert proc.stdout.readline().strip() == "READY"
+        rng = random.Random(7)
+        killed = 0
+        for n in range(trials):
+            proc.stdin.write(f"TRIAL {n} {rng.randint(5, 900)} {1000 + n}\n")
+            proc.stdin.flush()
+            line = proc.stdout.readline().split()
+            assert line[:2] == ["DONE", str(n)], line
+            killed += int(line[2])
+            committed, inflight = _parse_log(log)
+            with npmdb.open(db_path, progress=False) as db:  # a writer open runs recovery
+                live = _live_ids(db)
+                allowed = [committed, _apply(committed, inflight)]
+                assert live in allowed, (n, inflight, live ^ committed)
+                if live != committed:  # the in-flight change did commit: adopt it
+                    committed = live
+                    with open(log, "a") as fh:
+                        fh.write(f"COMMIT recovered {db.version}\n")
+                assert db.count() == len(live)
+                _check_clean(db)
+                some = sorted(live)[:3]
+                for did in some:
+                    assert db.get(did) is not None
+                if live:
+                    res = db.fill_mask("Salem is the capital of [MASK].", retrieval="bm25",
+                                       top=3)
+                    assert res.version == db.version
+        assert killed >= trials // 3, f"only {killed} of {trials} trials were killed mid-run"
+    finally:
+        proc.stdin.write("QUIT\n")
+        proc.stdin.flush()
+        proc.wait(timeout=30)
+
+
+# -- concurrency ---------------------------------------------------------------------------
+
+
+def _reader(path: str, seconds: float, out) -> None:
+    import npmdb as _npmdb
+
+    served, errors, versions = 0, [], set()
+    deadline = time.time() + seconds
+    with _npmdb.open(path, readonly=True, progress=False) as db:
+        while time.time() < deadline:
+            try:
+                with db.snapshot() as snap:
+                    m = snap.manifest
+                    n = sum(int(s.info["docs"]) - len(m.deleted.get(s.seg, ()))
+                            for s in snap.segments)
+                    if n != m.stats["docs"]:
+                        errors.append(f"torn version {m.id}: {n} != {m.stats['docs']}")
+                res = db.fill_mask("Rome is the capital of [MASK].", retrieval="bm25", top=3)
+                versions.add(res.version)
+                served += 1
+            except Exception as exc:  # noqa: BLE001
+                errors.append(f"{type(exc).__name__}: {exc}")
+    out.put((served, errors, sorted(versions)))
+
+
+def test_readers_in_other_processes_never_see_errors_or_torn_versions(tmp_path, tiny_encoder,
+                                                                       sample_corpus):
+    path = tmp_path / "db"
+    with npmdb.open(path, encoder=tiny_encoder, progress=False) as db:
+        db.add(sample_corpus[:50])
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    readers = [ctx.Process(target=_reader, args=(str(path), 12.0, q)) for _ in range(2)]
+    for r in readers:
+        r.start()
+    time.sleep(4.0)  # let the readers import and start
+    with npmdb.open(path, progress=False) as db:
+        for i in range(8):
+            db.add(sample_corpus[50 + 20 * i: 70 + 20 * i])
+            db.delete([sample_corpus[50 + 20 * i]["id"]])
+        second = npmdb.open(path, progress=False)
+        with second, pytest.raises(npmdb.OperationalError, match="locked by another writer"):
+            with db.batch():
+                second.add(["concurrent writer"])
+    results = [q.get(timeout=60) for _ in readers]
+    for r in readers:
+        r.join(timeout=30)
+    for served, errors, versions in results:
+        assert not errors, errors[:3]
+        assert served > 0
