@@ -1,4 +1,4 @@
-"""The ``npmdb`` command line: add, query, sql, search, versions, tag, train, demo."""
+"""The ``npmdb`` command line: add, query, sql, search, versions, tag, train, check, demo."""
 
 from __future__ import annotations
 
@@ -24,6 +24,9 @@ DEMO_QUERIES = [
 
 
 def _print_result(res, *, evidence: bool = True, out=sys.stdout) -> None:
+    if res.columns == ("plan",):
+        print(res.plan, file=out)
+        return
     if res.columns is not None and res.rows is not None:
         _print_table(res.columns, res.rows, out)
         return
@@ -142,6 +145,18 @@ def cmd_train(args) -> int:
     return 0
 
 
+def cmd_check(args) -> int:
+    import npmdb
+
+    with npmdb.open(args.db, create=False, readonly=True, progress=False) as db:
+        report = db.check(deep=not args.quick)
+        if args.json:
+            print(json.dumps(report.to_dict(), ensure_ascii=False, indent=1))
+        else:
+            print(report)
+    return 0 if report.ok else 1
+
+
 def cmd_demo(args) -> int:
     import npmdb
     from .corpus import sample_path
@@ -234,6 +249,13 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("-q", "--quiet", action="store_true")
     tr.set_defaults(fn=cmd_train)
+
+    c = sub.add_parser("check", help="verify checksums and references (exit 1 if damaged)")
+    c.add_argument("db")
+    c.add_argument("--quick", action="store_true",
+                   help="skip vector payloads, hnswlib structure and encoder weights")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(fn=cmd_check)
 
     d = sub.add_parser("demo", help="ingest the bundled sample corpus and answer queries")
     d.add_argument("db", nargs="?", default="demo.npmdb")

@@ -8,10 +8,11 @@ needs are written and fsynced.
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
@@ -22,7 +23,7 @@ from .blocks import cut_blocks
 from .boundaries import token_flags
 from .corpus import Document, read_documents
 from .errors import (
-    DataError, IntegrityError, InterfaceError, OperationalError, ProgrammingError,
+    DataError, Error, IntegrityError, InterfaceError, OperationalError, ProgrammingError,
 )
 from .result import Answer, Result
 from .snapshot import Snapshot
@@ -89,6 +90,7 @@ class Database:
                                           if p.name not in ("write.lock",)):
                 raise OperationalError(f"{self.path} is a non-empty directory that is not an "
                                        "npmdb database: choose a new or empty directory")
+            made = not self.path.exists()
             self.path.mkdir(parents=True, exist_ok=True)
         self.env = Env(self.path, readonly=readonly, create=not exists)
         self._closed = False
@@ -97,9 +99,16 @@ class Database:
             if not exists:
                 self._create(encoder, block_len=block_len, codec=codec, dense=dense)
             else:
-                self._check_existing(encoder)
+                self._check_existing(encoder, create=dict(block_len=block_len, codec=codec,
+                                                          dense=dense) if create else None)
         except BaseException:
             self.close()
+            if not exists:  # a failed creation leaves nothing behind
+                for name in ("data.mdb", "lock.mdb", "write.lock"):
+                    (self.path / name).unlink(missing_ok=True)
+                if made:
+                    with suppress(OSError):
+                        self.path.rmdir()
             raise
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -124,12 +133,22 @@ class Database:
         self.env.sync()
         self.config = config
 
-    def _check_existing(self, encoder) -> None:
+    def _check_existing(self, encoder, create: dict | None = None) -> None:
         with self.env.read() as txn:
             config = V.get_meta(txn, self.env.dbs, "config")
-            gen0 = self._generation(txn, 0)
+            unfinished = config is None and not any(True for _ in txn.cursor(db=self.env.dbs["meta"]))
+            gen0 = None if config is None else self._generation(txn, 0)
         if not config:
-            raise OperationalError(f"{self.path} is not an npmdb database (no config)")
+            if unfinished and not (self.path / "segments").exists():
+                # creation was interrupted before its first commit: nothing was committed
+                if create is not None and not self.readonly:
+                    return self._create(encoder, **create)
+                raise OperationalError(
+                    f"{self.path} holds an unfinished npmdb database (its creation was "
+                    "interrupted before anything was committed): open it with create=True "
+                    "to initialise it")
+            raise OperationalError(f"{self.path} is not an npmdb database (no config): its "
+                                   "data.mdb was replaced or damaged; restore it from a backup")
         if config.get("format") != FORMAT:
             raise OperationalError(f"{self.path} has format {config.get('format')}, this npmdb "
                                    f"reads format {FORMAT}")
@@ -197,6 +216,7 @@ class Database:
                 g = self._generation(txn, gen)
                 g0 = self._generation(txn, 0)
             info = enc_mod.EncoderInfo.from_dict(g["encoder"])
+            fp = None
             if g.get("checkpoint"):
                 path = self.path / g["checkpoint"]
             else:
@@ -209,6 +229,20 @@ class Database:
                         raise OperationalError(
                             f"the encoder this database was built with ({info.path}) is gone "
                             "and the default encoder differs: open with encoder='/path/to/it'")
+                    fp = found.fingerprint
+            # vectors are only comparable with the encoder that made them: a changed or
+            # damaged model directory must not answer (or write vectors) silently
+            if fp is None:
+                if not (path / "config.json").exists():
+                    raise OperationalError(f"the encoder of embedding generation {gen} is "
+                                           f"missing ({path}); run `npmdb check {self.path}`")
+                fp = enc_mod.fingerprint_dir(path)
+            if fp != info.fingerprint:
+                raise OperationalError(
+                    f"the encoder of embedding generation {gen} at {path} is not the one that "
+                    f"made its vectors (sha256 {fp[:12]}…, recorded {info.fingerprint[:12]}…): "
+                    "its config or weights changed or were damaged; restore that directory, "
+                    "or open with encoder='/path/to/the/original'")
             e = enc_mod.Encoder(path, device=self.device, info=info)
             self._encoders[gen] = e
             return e
@@ -238,6 +272,7 @@ class Database:
     def snapshot(self, version: int | str | None = None, doc_filter=None) -> Iterator[Snapshot]:
         """A consistent read view of ``version`` (HEAD by default)."""
         self._check_open()
+        _check_ref(version)
         with self.env.read(buffers=True) as txn:
             m = V.resolve(txn, self.env.dbs, version)
             segs = [self._segment(txn, s) for s in m.segments]
@@ -264,6 +299,7 @@ class Database:
 
     def run_masked(self, spec: MaskedSpec, **plan_args: Any) -> Result:
         enc_mod.split_mask(spec.text)  # fail fast on a query without exactly one mask
+        _check_text(spec.text, "the query")
         plan = plan_masked(spec, **plan_args)
         return self._execute(plan, spec)
 
@@ -282,6 +318,8 @@ class Database:
 
     def run_classify(self, spec: ClassifySpec, **plan_args: Any) -> Result:
         enc_mod.split_mask(spec.text)
+        _check_text(spec.text, "the query")
+        _check_text(spec.labels, "a label")
         return self._execute(plan_classify(spec, **plan_args), spec)
 
     def _execute(self, plan, spec) -> Result:
@@ -302,6 +340,8 @@ class Database:
         from npmdb.query.sql import execute
 
         self._check_open()
+        _check_text(text, "the statement")
+        _check_text(params, "a parameter")
         return execute(self, text, params)
 
     def search(self, text: str, *, limit: int = 10, version: int | str | None = None
@@ -309,6 +349,11 @@ class Database:
         """BM25 search over blocks: ``[{doc_id, title, block, score, snippet}]``."""
         from npmdb.query.operators import BM25Blocks, snippet
 
+        if not isinstance(text, str):
+            raise ProgrammingError(f"search text must be a str, not {type(text).__name__}")
+        _check_text(text, "the search text")
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+            raise ProgrammingError(f"limit must be a non-negative integer, got {limit!r}")
         with self.snapshot(version) as snap:
             st = ExecState(snap, text)
             BM25Blocks(limit).run(st)
@@ -327,6 +372,7 @@ class Database:
     def count(self, version: int | str | None = None) -> int:
         """Number of live documents at ``version`` (HEAD by default)."""
         self._check_open()
+        _check_ref(version)
         with self.env.read() as txn:
             if version is None and V.head(txn, self.env.dbs) is None:
                 return 0
@@ -337,6 +383,8 @@ class Database:
 
     def get(self, doc_id: str, *, version: int | str | None = None) -> dict[str, Any] | None:
         """The live document ``doc_id`` as a dict, or None."""
+        if not isinstance(doc_id, str):
+            raise ProgrammingError(f"document ids are strings, got {doc_id!r}")
         with self.snapshot(version) as snap:
             loc = self._find_live(snap.txn, snap.manifest, doc_id)
             if loc is None:
@@ -379,11 +427,54 @@ class Database:
         self._check_writable()
         self.writer.acquire(self.timeout)
         try:
-            if self.writer.depth == 1:
+            outer = self.writer.depth == 1
+            head = None
+            if outer:
                 self._recover()
-            yield
+                head = self._head_id()
+            try:
+                yield
+            except BaseException as exc:
+                if outer and isinstance(exc, Exception):
+                    with suppress(Exception):  # remove what the failed change left, now
+                        self._recover()
+                if isinstance(exc, OSError):  # a full disk, a read-only or failing file system
+                    moved = None
+                    with suppress(Exception):
+                        moved = self._head_id() != head
+                    raise OperationalError(_os_message(exc, self.path, outer and moved)) from exc
+                raise
+            if outer:
+                with suppress(Error):
+                    self._seal()
         finally:
             self.writer.release()
+
+    def _seal(self) -> None:
+        """Record the checksums of committed segment files that lack them: files written
+        by optimize or an embedding refresh, sealed right after their commit (the commit
+        of an ``add`` seals its segment itself). See :mod:`npmdb.check`."""
+        from .check import DOCS_KEY, read_sums, seal_segment, segment_files
+
+        dbs = self.env.dbs
+        todo = []
+        with self.env.read() as txn:
+            next_gen = int(V.get_meta(txn, dbs, "next_generation", 1))
+            for k, v in txn.cursor(db=dbs["segments"]):
+                s, info = C.read_u32(bytes(k)), C.unpack(v)
+                sums = read_sums(txn, dbs, s) or {}
+                if txn.get(C.col_key(s, DOCS_KEY), db=dbs["segcols"]) is None or any(
+                        r not in sums for r in segment_files(self.path, s, next_gen)):
+                    todo.append((s, int(info["docs"])))
+        if todo:
+            self.env.write(lambda txn: [seal_segment(txn, dbs, self.path, s, gen_limit=next_gen,
+                                                     docs=n) for s, n in todo])
+
+    def check(self, *, deep: bool = True):
+        """Verify every checksum and reference of the database (see :mod:`npmdb.check`);
+        returns a :class:`~npmdb.check.CheckReport` (``report.ok``, ``report.problems``)."""
+        from .check import check
+        return check(self, deep=deep)
 
     @contextmanager
     def batch(self, message: str = "") -> Iterator["Database"]:
@@ -428,6 +519,10 @@ class Database:
     def delete(self, doc_ids: str | Iterable[str], *, message: str = "",
                missing_ok: bool = False) -> int | None:
         """Delete documents by id (tombstones until ``optimize``); returns the new version."""
+        if isinstance(doc_ids, (bytes, bytearray, Mapping)) or not (
+                isinstance(doc_ids, str) or isinstance(doc_ids, Iterable)):
+            raise ProgrammingError(f"delete takes a document id or a list of ids, got "
+                                   f"{type(doc_ids).__name__}")
         ids = [doc_ids] if isinstance(doc_ids, str) else list(doc_ids)
         with self._writing():
             own = self._batch is None
@@ -509,7 +604,10 @@ class Database:
             b.new_ids[d.id] = (seg, local)
 
     def _commit(self, b: "_Batch") -> int:
-        """One LMDB transaction: segment records, the new manifest, HEAD, counters."""
+        """One LMDB transaction: segment records (with their checksums), the new
+        manifest, HEAD, counters."""
+        from .check import seal_segment
+
         def txn_fn(txn):
             dbs = self.env.dbs
             prev = V.head(txn, dbs)
@@ -519,6 +617,7 @@ class Database:
             stats = dict(prev.stats) if prev else {"docs": 0, "blocks": 0, "tokens": 0}
             for seg, info in b.segments:
                 txn.put(C.u32(seg), C.pack(info), db=dbs["segments"])
+                seal_segment(txn, dbs, self.path, seg, gen_limit=None, docs=int(info["docs"]))
                 segs.append(seg)
                 stats["docs"] = stats.get("docs", 0) + info["docs"]
                 stats["blocks"] = stats.get("blocks", 0) + info["blocks"]
@@ -616,6 +715,8 @@ class Database:
                     if C.read_u32(k) >= next_gen:
                         txn.delete(k, db=self.env.dbs["vectors"])
             self.env.write(drop)
+        with suppress(Error):
+            self._seal()
 
     # -- versions ------------------------------------------------------------------------
 
@@ -636,6 +737,12 @@ class Database:
 
     def tag(self, name: str, version: int | str | None = None) -> int:
         """Name a version (HEAD by default); returns its id."""
+        if isinstance(name, str):
+            _check_text(name, "the tag name")
+            if len(name.encode()) > 400:
+                raise ProgrammingError(f"tag names are at most 400 bytes (UTF-8), got "
+                                       f"{len(name.encode())}")
+        _check_ref(version)
         with self._writing():
             def txn_fn(txn):
                 m = V.resolve(txn, self.env.dbs, version)
@@ -666,6 +773,10 @@ class Database:
     def vacuum(self, *, keep_tags: bool = True, older_than: float | None = None) -> dict:
         """Remove unkept versions and all data only they referenced (see maintenance)."""
         from .maintenance import vacuum
+        if older_than is not None and (isinstance(older_than, bool) or not isinstance(
+                older_than, (int, float)) or not older_than >= 0):
+            raise ProgrammingError(f"older_than must be None or a number of seconds >= 0, "
+                                   f"got {older_than!r}")
         return vacuum(self, keep_tags=keep_tags, older_than=older_than)
 
     @property
@@ -685,6 +796,44 @@ class Database:
                                          "generation": m.generation if m else 0,
                                          "bytes": size}
         return data | {"config": dict(self.config)}
+
+
+def _os_message(exc: OSError, path: Path, committed: bool | None) -> str:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        what = f"the disk is full ({path})"
+    elif exc.errno == errno.EROFS:
+        what = f"the file system of {path} is read-only"
+    else:
+        what = f"I/O error in {path}"
+    tail = ("the change was committed before the error" if committed else
+            "the change was not committed: the database is as it was before it")
+    return f"{what}: {exc}; {tail}"
+
+
+def _check_ref(ref: Any) -> None:
+    """Version ids are u64 keys: a negative or huge id is no version (not an overflow)."""
+    if isinstance(ref, int) and not isinstance(ref, bool) and not 0 <= ref < 2 ** 63:
+        raise ProgrammingError(f"no version {ref}: version ids are integers >= 0; see "
+                               "db.versions() for the versions that exist")
+
+
+def _check_text(value: Any, what: str) -> None:
+    """Strings with lone surrogates cannot be encoded (tokenizer, LMDB keys): say so."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ProgrammingError(
+                f"{what} contains a lone surrogate U+{ord(value[exc.start]):04X} at character "
+                f"{exc.start}, which is not valid Unicode text (was it decoded with "
+                "errors='surrogateescape'?)") from None
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            _check_text(k, what)
+            _check_text(v, what)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _check_text(v, what)
 
 
 class VersionView:

@@ -97,7 +97,8 @@ class Retrieve(Node):
     def detail(self) -> str:
         parts = [self.source]
         if self.source not in ("DOCUMENTS",):
-            parts.append(self.method + (" (exact scan)" if self.exact else ""))
+            exact = self.exact and self.method in ("dense", "hybrid")
+            parts.append(self.method + (" (exact scan)" if exact else ""))
         if self.source not in ("SEARCH", "DOCUMENTS"):
             parts.append(f"mode={self.mode}")
         if self.k is not None and self.method in ("dense", "hybrid", "exact"):
@@ -778,10 +779,19 @@ class _Binder:
             return None
         keys = tuple(A.GROUP_KEYS) + tuple(k for k in GROUPS if k not in A.GROUP_KEYS)
         if g not in keys:
-            pos = self.text.lower().find(g, (self.stmt.pos or 0))
-            node = A.Name((g,), pos=max(pos, 0))
-            self.fail(node, f"unknown GROUP BY key {g!r}" + _hint(g, keys), keys)
+            self.fail(A.Name((g,), pos=self._group_by_pos()),
+                      f"unknown GROUP BY key {g!r}" + _hint(g, keys), keys)
         return g
+
+    def _group_by_pos(self) -> int:
+        """Where the GROUP BY key is written (the tree keeps only its name)."""
+        from .lexer import tokenize
+
+        toks = tokenize(self.text)
+        for a, b, c in zip(toks, toks[1:], toks[2:]):
+            if a.is_keyword("GROUP") and b.is_keyword("BY"):
+                return c.pos
+        return self.stmt.pos or 0
 
 
 # USING method → its arguments.

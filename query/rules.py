@@ -9,9 +9,10 @@ WHERE is split at its top-level ANDs. A conjunct over document columns only (``d
 ``doc.title``, ``doc.text``, ``doc.meta.<field>``) restricts retrieval; one over answer
 columns filters answers before ORDER BY/LIMIT; on EVIDENCE and SEARCH, one over occurrence
 or block columns filters output rows. A conjunct that mixes document columns with other
-columns (``doc.title = 'X' OR phrase = 'Y'``) cannot restrict retrieval and has no meaning
-for an answer drawn from many documents, so it raises :class:`NotSupportedError`: write
-the two conditions as separate AND terms.
+columns (``doc.title = 'X' OR phrase = 'Y'``) cannot restrict retrieval: on MASKED, TOKENS
+and CLASSIFY it has no meaning for an answer drawn from many documents and raises
+:class:`NotSupportedError` (write the conditions as separate AND terms); on EVIDENCE,
+SEARCH and DOCUMENTS every row has one document, so it filters rows after retrieval.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from npmdb.errors import NotSupportedError
+from npmdb.errors import InternalError, NotSupportedError
 
 from . import ast as A
 from .lexer import line_col
@@ -111,19 +112,26 @@ def push_document_predicates(plan: Node, text: str = "") -> tuple[Node, str | No
     if i is None:
         return plan, None
     f = nodes[i]
-    doc_terms, rest = [], []
+    doc_terms, rest, mixed = [], [], []
     for term in conjuncts(f.condition):
         cols = columns_of(term)
         docs = {c for c in cols if _is_doc(c)}
         if docs and docs != cols:
-            other = sorted(".".join(c) for c in cols - docs)
-            raise _not_supported(
-                text, term,
-                f"this condition mixes document columns ({', '.join(sorted('.'.join(c) for c in docs))}) "
-                f"with {', '.join(other)}: document conditions restrict retrieval, so they must "
-                "stand alone as AND terms of WHERE")
+            if _source(nodes) in ("MASKED", "TOKENS", "CLASSIFY"):
+                other = sorted(".".join(c) for c in cols - docs)
+                raise _not_supported(
+                    text, term,
+                    f"this condition mixes document columns ({', '.join(sorted('.'.join(c) for c in docs))}) "
+                    f"with {', '.join(other)}: an answer comes from many documents, so document "
+                    "conditions restrict retrieval and must stand alone as AND terms of WHERE")
+            mixed.append(term)  # rows (occurrences, blocks, documents) carry their document
+            rest.append(term)
+            continue
         (doc_terms if docs else rest).append(term)
     if not doc_terms:
+        if mixed:
+            return plan, (f"push_document_predicates: {_sql(conjoin(mixed))} mixes document and "
+                          "row columns: evaluated on rows")
         return plan, None
     leaf = nodes[-1]
     old = [leaf.doc_filter] if leaf.doc_filter is not None else []
@@ -134,8 +142,10 @@ def push_document_predicates(plan: Node, text: str = "") -> tuple[Node, str | No
         del nodes[i]
     else:
         nodes[i] = replace(f, condition=remaining)
-    return unchain(nodes), (f"push_document_predicates: {_sql(conjoin(doc_terms))} → "
-                            "Retrieve (restricts retrieval)")
+    note = f"push_document_predicates: {_sql(conjoin(doc_terms))} → Retrieve (restricts retrieval)"
+    if mixed:
+        note += f"; {_sql(conjoin(mixed))} mixes document and row columns: evaluated on rows"
+    return unchain(nodes), note
 
 
 def split_answer_predicates(plan: Node, text: str = "") -> tuple[Node, str | None]:
@@ -211,8 +221,8 @@ def fold_limit_into_top(plan: Node, text: str = "") -> tuple[Node, str | None]:
     lim, order = nodes[i], nodes[i + 1]
     nodes[i:i + 2] = [Top(order.keys, lim.count, lim.offset, order.child)]
     keys = ", ".join(str(k) for k in order.keys)
-    return unchain(nodes), (f"fold_limit_into_top: ORDER BY {keys} LIMIT {lim.count} OFFSET "
-                            f"{lim.offset} → Top")
+    n = "ALL" if lim.count is None else lim.count
+    return unchain(nodes), f"fold_limit_into_top: ORDER BY {keys} LIMIT {n} OFFSET {lim.offset} → Top"
 
 
 def fold_limit_into_retrieval(plan: Node, text: str = "") -> tuple[Node, str | None]:
@@ -258,5 +268,5 @@ def optimize(plan: Node, text: str = "") -> tuple[Node, list[str]]:
         if note:
             notes.append(note)
     if not isinstance(plan, Project):  # pragma: no cover - every plan is projected
-        raise AssertionError("a plan must end in Project")
+        raise InternalError("a logical plan must have Project at its root")
     return plan, notes

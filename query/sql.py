@@ -4,14 +4,62 @@
       (:func:`npmdb.query.logical.build`) → rewrite rules (:func:`npmdb.query.rules.optimize`)
       → physical operators (:func:`npmdb.query.compiler.compile_plan`) → executor
 
-Parameters are values, never text: ``?`` (bound from a sequence, in text order) and
+MASKED/TOKENS/EVIDENCE/CLASSIFY run through ``Database.run_masked``/``run_classify`` with
+the plan :mod:`npmdb.query.planner` builds for ``fill_mask``/``classify`` (plus a Project,
+and for EVIDENCE occurrence rows, on top), so a statement and the equivalent call return
+the same answers.
+
+**Parameters** are values, never text: ``?`` (bound from a sequence, in text order) and
 ``:name`` (from a mapping) become Literal nodes of the tree. A list or tuple bound to a
 parameter inside ``IN (...)`` expands to its items; a mapping bound to CLASSIFY's labels
-parameter gives the labels (``{'positive': ['great', 'awesome'], ...}``).
+parameter gives the labels (``{'positive': ['great', 'awesome'], ...}``). A missing,
+surplus or unusable value is a ProgrammingError naming the parameter.
 
-``EXPLAIN`` returns one row per line (column ``plan``) and the same text in
-``Result.plan``; ``EXPLAIN ANALYZE`` runs the statement first and reports rows and
-milliseconds per operator.
+**Sources and columns** (``*`` in brackets):
+
+- MASKED(q) / TOKENS(q) (token mode) — one row per answer: [phrase, score, support],
+  tokens (token count), length (words), rank, evidence (list of dicts), doc_id, title,
+  start, end, snippet (of the best occurrence), version, generation; ``text`` and
+  ``label`` are the phrase. ``LIMIT`` defaults to 5 (fill_mask's ``top``).
+- CLASSIFY(q, LABELS(...)) — one row per label: [label, score, support], same columns.
+  Every label unless LIMIT.
+- EVIDENCE(q) — one row per occurrence of the answers kept after WHERE and LIMIT (LIMIT
+  counts answers, default 5; ``WITH evidence = n`` keeps n occurrences per answer):
+  [phrase, doc_id, title, start, end, snippet, score], text (the occurrence), tokens,
+  length, support, rank, answer_score, version, generation.
+- SEARCH(text) — BM25 over blocks, as ``db.search``: [doc_id, title, block, score,
+  snippet], start, end, text. LIMIT defaults to 10.
+- DOCUMENTS — [id, title, text, meta], ``meta.<field>``, version, generation.
+
+WHERE on every source reads ``doc.id``, ``doc.title``, ``doc.text`` and
+``doc.meta.<field>`` (nested fields allowed; missing ones are NULL); rows of EVIDENCE,
+SEARCH and DOCUMENTS can select them too, answers only doc.id and doc.title (of their
+best occurrence).
+
+**WHERE** splits at its top-level ANDs. Terms over document columns only restrict
+retrieval itself (a DocFilter: BM25 searches the allowed documents, dense search
+oversamples until k allowed candidates, the exact scan masks, the DOCUMENTS scan skips),
+so LIMIT still fills where the corpus allows. Other terms filter answers before ORDER BY
+and LIMIT (phrase, score, support, tokens, length), or on EVIDENCE/SEARCH rows after
+retrieval. A term mixing document and answer columns under OR raises NotSupportedError on
+MASKED/TOKENS/CLASSIFY; on row sources it filters rows. Expressions: comparisons, LIKE
+(case-insensitive; ``%``, ``_``), IN, BETWEEN, IS NULL, AND/OR/NOT (three-valued),
+``+ - * /``, and ``length`` (words), ``lower``, ``upper``, ``abs``, ``round``,
+``coalesce``. ``=`` on text is exact.
+
+**Options**: ``USING dense(k) | bm25(blocks) | hybrid(k, blocks) | exact(k)`` (exact =
+dense with an exact scan) and ``WITH`` any of mode, k, blocks, max_len, tau, alpha, exact,
+scoring, clean_edges, no_stopwords, evidence (CLASSIFY: no alpha, scoring,
+no_stopwords). ``GROUP BY phrase | tokens | document | word``; ``AS OF`` a version id or
+tag. Answers are ordered by score, support, phrase, tokens, length or length(phrase)
+(a name, an alias or a select-list position); rows of the other sources by any expression.
+``LIMIT 0`` returns no rows without running.
+
+**EXPLAIN** returns one row per line (column ``plan``) and the same text in
+``Result.plan``: the logical plan after the rules, the physical plan (``Plan.explain``),
+and the rules that applied, each plan one node a line, indented under its parent.
+``EXPLAIN ANALYZE`` runs the statement first and adds rows and milliseconds per operator
+and a total.
 """
 
 from __future__ import annotations

@@ -94,7 +94,9 @@ class BM25Index:
             shoulds.append((tantivy.Occur.Should, q))
         q = tantivy.Query.boolean_query(shoulds)
         if docs is not None:
-            allowed = tantivy.Query.term_set_query(self.schema, "doc", [int(d) for d in docs])
+            # a non-scoring filter: BM25 scores stay those of the unfiltered query
+            allowed = tantivy.Query.const_score_query(
+                tantivy.Query.term_set_query(self.schema, "doc", [int(d) for d in docs]), 0.0)
             q = tantivy.Query.boolean_query([(tantivy.Occur.Must, q), (tantivy.Occur.Must, allowed)])
         return q
 

@@ -69,7 +69,11 @@ def pack(obj: Any) -> bytes:
 
 
 def unpack(data: bytes | memoryview) -> Any:
-    return msgpack.unpackb(data, raw=False, strict_map_key=False)
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception as exc:  # noqa: BLE001 - msgpack raises several kinds on bad bytes
+        raise OperationalError(f"corrupt value in the database ({type(exc).__name__}: {exc}); "
+                               "run `npmdb check` for a full report") from None
 
 
 # -- numpy arrays: 16-byte aligned header, CRC32 of the payload -----------------------------
@@ -120,7 +124,8 @@ def unpack_array(buf: bytes | memoryview, *, verify: bool = False, what: str = "
     head_crc = zlib.crc32(bytes([code, ndim]) + bytes(buf[8:8 + 8 * ndim]))
     if verify and zlib.crc32(memoryview(buf)[hlen:], head_crc) != crc:
         raise OperationalError(f"corrupt {what}: checksum mismatch (the file was damaged); "
-                               "restore from a backup or re-add the affected documents")
+                               "run `npmdb check` for a full report, then restore from a "
+                               "backup or re-add the affected documents")
     return arr
 
 

@@ -3,11 +3,24 @@
 Separate start and end indexes hold only valid starts and valid ends (DESIGN.md section 3).
 Labels are token positions within the segment. ANN scores only rank candidates; the
 engine re-scores exactly from the stored vectors.
+
+GPU: where FAISS has GPU support and a GPU is present, dense search runs on the GPU
+(``DenseParams.gpu``: None = when available, False = never, True = required). FAISS has no
+GPU HNSW, and an IVF index needs most of its lists probed to keep recall@1024 (measured in
+docs/SCALE.md), so every kind is served on the GPU by what a GPU does best: an exact
+brute-force ``GpuIndexFlatIP`` over the index's own vectors (read back from the hnswlib or
+FAISS index at load time; the graph stays on the CPU for ``k`` beyond FAISS's GPU limit).
+Vectors are held in float16 on the GPU, which loses nothing for the default float16 codec
+(the indexed vectors are the stored float16 values). Files on disk are always the CPU
+indexes, so a database moves between machines with and without GPUs unchanged. An index
+that does not fit on the GPU stays on the CPU (with a warning).
 """
 
 from __future__ import annotations
 
 import os
+import threading
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -16,10 +29,11 @@ import numpy as np
 
 from npmdb.errors import NotSupportedError, OperationalError
 
-__all__ = ["DenseIndex", "HnswIndex", "FaissIndex", "build_dense", "load_dense", "INDEX_KINDS",
-           "DenseParams"]
+__all__ = ["DenseIndex", "HnswIndex", "FaissIndex", "GpuFlat", "build_dense", "load_dense",
+           "INDEX_KINDS", "DenseParams", "faiss_gpu_available"]
 
 INDEX_KINDS = ("hnsw", "faiss-hnsw", "faiss-flat")
+GPU_MAX_K = 2048  # FAISS's GPU k-selection limit; a larger k is searched on the CPU
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +44,8 @@ class DenseParams:
     ef_construction: int = 200
     ef_search_min: int = 256
     ef_factor: float = 1.5   # ef = max(ef_search_min, ef_factor * k)
+    gpu: bool | None = None  # search on a GPU: None when available, False never, True required
+    gpu_device: int = 0
 
 
 class DenseIndex(Protocol):
@@ -41,12 +57,94 @@ class DenseIndex(Protocol):
     def __len__(self) -> int: ...
 
 
+# -- GPU ----------------------------------------------------------------------------------
+
+
+def faiss_gpu_available() -> bool:
+    """True when the installed FAISS has GPU support and sees at least one GPU."""
+    try:
+        import faiss
+    except ImportError:  # pragma: no cover - faiss is a dependency
+        return False
+    try:
+        return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
+    except Exception:  # noqa: BLE001 - a broken CUDA setup means no GPU
+        return False
+
+
+def _want_gpu(params: DenseParams) -> bool:
+    if params.gpu is False:
+        return False
+    if faiss_gpu_available():
+        return True
+    if params.gpu is True:
+        raise NotSupportedError(
+            "DenseParams(gpu=True) needs FAISS with GPU support and a GPU: install a FAISS GPU "
+            "build (conda faiss-gpu, or pip install faiss-gpu-cu12 in place of faiss-cpu), or "
+            "leave gpu=None to fall back to the CPU")
+    return False
+
+
+_GPU_LOCK = threading.Lock()  # a StandardGpuResources is not thread-safe: GPU calls take turns
+_GPU_RES: dict[int, object] = {}
+
+
+def _gpu_resources(device: int):
+    res = _GPU_RES.get(device)
+    if res is None:
+        import faiss
+        res = _GPU_RES[device] = faiss.StandardGpuResources()
+    return res
+
+
+class GpuFlat:
+    """Exact inner-product search on a GPU (FAISS ``GpuIndexFlatIP``, float16 storage)."""
+
+    def __init__(self, vectors: np.ndarray, labels: np.ndarray, device: int = 0) -> None:
+        import faiss
+
+        cfg = faiss.GpuIndexFlatConfig()
+        cfg.device = device
+        cfg.useFloat16 = True
+        with _GPU_LOCK:
+            self.index = faiss.GpuIndexFlatIP(_gpu_resources(device), int(vectors.shape[1]), cfg)
+            self.index.add(np.ascontiguousarray(vectors, dtype=np.float32))
+        self.labels = np.asarray(labels, dtype=np.int64)  # GPU rows are 0..n-1
+
+    @classmethod
+    def attach(cls, vectors: np.ndarray, labels: np.ndarray, what: str,
+               device: int = 0) -> "GpuFlat | None":
+        """A GPU copy, or None (and a warning) when it cannot be made (e.g. GPU memory)."""
+        if len(labels) == 0:
+            return None
+        try:
+            return cls(vectors, labels, device)
+        except Exception as exc:  # noqa: BLE001 - out of GPU memory, CUDA errors
+            warnings.warn(f"npmdb: searching the {what} index on the CPU: cannot copy it to "
+                          f"GPU {device}: {exc}", RuntimeWarning, stacklevel=3)
+            return None
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def search(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        k = min(k, len(self))
+        with _GPU_LOCK:
+            scores, rows = self.index.search(np.ascontiguousarray(q, dtype=np.float32)[None], k)
+        keep = rows[0] >= 0
+        return self.labels[rows[0][keep]], scores[0][keep].astype(np.float32)
+
+
+# -- hnswlib ------------------------------------------------------------------------------
+
+
 class HnswIndex:
     kind = "hnsw"
 
     def __init__(self, index, params: DenseParams) -> None:
         self.index = index
         self.params = params
+        self.gpu: GpuFlat | None = None
 
     @classmethod
     def build(cls, vectors: np.ndarray, labels: np.ndarray, params: DenseParams,
@@ -73,7 +171,16 @@ class HnswIndex:
             idx.load_index(str(path))
         except (RuntimeError, OSError) as exc:
             raise OperationalError(f"cannot load the dense index {path}: {exc}") from exc
-        return cls(idx, params)
+        obj = cls(idx, params)
+        if _want_gpu(params) and len(obj):
+            labels = np.asarray(idx.get_ids_list(), dtype=np.int64)
+            vecs = np.asarray(idx.get_items(labels, return_type="numpy"), dtype=np.float32)
+            obj.gpu = GpuFlat.attach(vecs, labels, str(path), params.gpu_device)
+        return obj
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.gpu is not None
 
     def __len__(self) -> int:
         return self.index.get_current_count()
@@ -83,9 +190,14 @@ class HnswIndex:
         k = min(k, n)
         if k <= 0:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
+        if self.gpu is not None and k <= GPU_MAX_K:
+            return self.gpu.search(q, k)
         self.index.set_ef(max(self.params.ef_search_min, int(self.params.ef_factor * k), k))
         labels, dist = self.index.knn_query(np.asarray(q, np.float32)[None], k=k, num_threads=1)
         return labels[0].astype(np.int64), (1.0 - dist[0]).astype(np.float32)
+
+
+# -- FAISS --------------------------------------------------------------------------------
 
 
 class FaissIndex:
@@ -95,6 +207,7 @@ class FaissIndex:
         self.index = index
         self.kind = kind
         self.params = params
+        self.gpu: GpuFlat | None = None
 
     @staticmethod
     def _faiss():
@@ -129,7 +242,25 @@ class FaissIndex:
             idx = faiss.read_index(str(path))
         except RuntimeError as exc:
             raise OperationalError(f"cannot load the dense index {path}: {exc}") from exc
-        return cls(idx, kind, params)
+        obj = cls(idx, kind, params)
+        if _want_gpu(params) and len(obj):
+            labels, vecs = obj.stored()
+            obj.gpu = GpuFlat.attach(vecs, labels, str(path), params.gpu_device)
+        return obj
+
+    def stored(self) -> tuple[np.ndarray, np.ndarray]:
+        """Labels and vectors held by the index (the flat storage under HNSW too)."""
+        faiss = self._faiss()
+        idmap = faiss.downcast_index(self.index)
+        sub = faiss.downcast_index(idmap.index)
+        flat = faiss.downcast_index(sub.storage) if hasattr(sub, "storage") else sub
+        n = int(flat.ntotal)
+        vecs = flat.reconstruct_n(0, n) if n else np.zeros((0, flat.d), np.float32)
+        return faiss.vector_to_array(idmap.id_map).astype(np.int64), vecs
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.gpu is not None
 
     def __len__(self) -> int:
         return int(self.index.ntotal)
@@ -138,6 +269,8 @@ class FaissIndex:
         k = min(k, len(self))
         if k <= 0:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
+        if self.gpu is not None and k <= GPU_MAX_K:
+            return self.gpu.search(q, k)
         faiss = self._faiss()
         params = None
         if self.kind == "faiss-hnsw":

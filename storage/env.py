@@ -25,8 +25,64 @@ INITIAL_MAP = 1 << 30  # 1 GiB; grows by doubling when full
 MAX_MAP = 1 << 40
 
 
-_SHARED: dict[str, list] = {}  # realpath -> [lmdb.Environment, dbs, refcount, readonly]
+_SHARED: dict[str, list] = {}  # realpath -> [lmdb.Environment, dbs, refcount, readonly, gate]
 _SHARED_LOCK = threading.Lock()
+
+
+class _Gate:
+    """Keeps a remap of the LMDB file (map growth) away from live transactions.
+
+    ``set_mapsize`` unmaps and remaps the file: py-lmdb invalidates every transaction of
+    this process, and zero-copy values read through one would point at unmapped memory (a
+    segfault). Transactions register here; a resize waits until none is live and holds
+    new ones back meanwhile. A thread that itself holds a transaction cannot wait for
+    that, so it gets a clear (retryable) OperationalError instead.
+    """
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.live = 0
+        self.resizing = False
+        self.mine = threading.local()
+
+    def enter(self) -> None:
+        mine = getattr(self.mine, "n", 0)
+        with self.cond:
+            while self.resizing and not mine:  # a nested entry must not wait for itself
+                self.cond.wait()
+            self.live += 1
+        self.mine.n = mine + 1
+
+    def leave(self) -> None:
+        self.mine.n -= 1
+        with self.cond:
+            self.live -= 1
+            if self.live == 0:
+                self.cond.notify_all()
+
+    def resize(self, env, size: int, path: Path, timeout: float = 120.0) -> None:
+        if getattr(self.mine, "n", 0):
+            raise OperationalError(
+                f"the LMDB map of {path} must be resized, but this thread holds an open read "
+                "transaction (a snapshot, or an unfinished documents() iterator): finish it "
+                "and retry")
+        with self.cond:
+            while self.resizing:
+                self.cond.wait()
+            self.resizing = True
+            try:
+                deadline = time.monotonic() + timeout
+                while self.live:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise OperationalError(
+                            f"the LMDB map of {path} must be resized, but {self.live} "
+                            f"transactions of this process stayed open for {timeout:.0f} s")
+                    self.cond.wait(left)
+                env.set_mapsize(size)
+            finally:
+                self.resizing = False
+                self.cond.notify_all()
 
 
 class Env:
@@ -49,10 +105,11 @@ class Env:
                         f"{self.path} is already open read-only in this process; close that "
                         "handle before opening it for writing")
                 shared[2] += 1
-                self.env, self.dbs = shared[0], shared[1]
+                self.env, self.dbs, self._gate = shared[0], shared[1], shared[4]
                 return
             self._open(readonly, create)
-            _SHARED[self._key] = [self.env, self.dbs, 1, readonly]
+            self._gate = _Gate()
+            _SHARED[self._key] = [self.env, self.dbs, 1, readonly, self._gate]
 
     def _open(self, readonly: bool, create: bool) -> None:
         data = self.path / "data.mdb"
@@ -64,6 +121,16 @@ class Env:
                 max_readers=256, meminit=False)
         except lmdb.Error as exc:
             raise OperationalError(f"cannot open the LMDB store in {self.path}: {exc}") from exc
+        try:  # a file shorter than its last committed page would be read past its end (SIGBUS)
+            size = data.stat().st_size
+            end = (self.env.info()["last_pgno"] + 1) * self.env.stat()["psize"]
+        except (OSError, lmdb.Error):
+            size = end = 0
+        if size < end:
+            self.env.close()
+            raise OperationalError(
+                f"{data} is truncated ({size} bytes; its last committed page ends at byte "
+                f"{end}): the file was damaged; restore it from a backup")
         self.dbs = {}
         for name in SUBDBS:
             try:
@@ -91,54 +158,89 @@ class Env:
     @contextlib.contextmanager
     def read(self, *, buffers: bool = False) -> Iterator[lmdb.Transaction]:
         """A read transaction: one consistent snapshot of every sub-database."""
+        gate = self._gate
+        gate.enter()
         try:
-            txn = self.env.begin(buffers=buffers)
-        except lmdb.MapResizedError:
-            self.env.set_mapsize(0)  # another process grew the map: adopt its size
-            txn = self.env.begin(buffers=buffers)
-        try:
-            yield txn
+            try:
+                txn = self.env.begin(buffers=buffers)
+            except lmdb.MapResizedError:
+                gate.leave()
+                try:
+                    self._resize(0)  # another process grew the map: adopt its size
+                finally:
+                    gate.enter()
+                txn = self.env.begin(buffers=buffers)
+            try:
+                yield txn
+            except lmdb.Error as exc:
+                raise OperationalError(f"LMDB read failed in {self.path}: {exc} (run "
+                                       f"`npmdb check {self.path}`)") from exc
+            finally:
+                txn.abort()
         finally:
-            txn.abort()
+            gate.leave()
 
     def write(self, fn: Callable[[lmdb.Transaction], T]) -> T:
         """Run ``fn`` in one write transaction; grow the map and retry when it is full."""
         if self.readonly:
             raise OperationalError("the database was opened read-only")
         while True:
-            txn = self.env.begin(write=True)
+            resize = None
+            self._gate.enter()
             try:
-                result = fn(txn)
-                txn.commit()
-                return result
-            except lmdb.MapFullError:
-                txn.abort()
+                try:
+                    txn = self.env.begin(write=True)
+                except lmdb.MapResizedError:
+                    resize = 0
+                except lmdb.Error as exc:
+                    raise OperationalError(f"cannot begin a write in {self.path}: {exc}") from exc
+                if resize is None:
+                    try:
+                        result = fn(txn)
+                        txn.commit()
+                        return result
+                    except lmdb.MapFullError:
+                        txn.abort()
+                        resize = -1
+                    except lmdb.MapResizedError:
+                        txn.abort()
+                        resize = 0
+                    except lmdb.DiskError as exc:
+                        txn.abort()
+                        raise OperationalError(f"disk error while writing {self.path}: {exc}; "
+                                               "the change was not committed") from exc
+                    except lmdb.Error as exc:
+                        txn.abort()
+                        if _is_enospc(exc):
+                            raise OperationalError(f"the disk is full ({self.path}); the change "
+                                                   "was not committed: free space and retry") from exc
+                        raise OperationalError(f"LMDB write failed in {self.path}: {exc}") from exc
+                    except BaseException:
+                        txn.abort()
+                        raise
+            finally:
+                self._gate.leave()
+            if resize == 0:
+                self._resize(0)
+            else:
                 self._grow()
-            except lmdb.MapResizedError:
-                txn.abort()
-                self.env.set_mapsize(0)
-            except lmdb.DiskError as exc:
-                txn.abort()
-                raise OperationalError(f"disk error while writing {self.path}: {exc}; the "
-                                       "change was not committed") from exc
-            except lmdb.Error as exc:
-                txn.abort()
-                if _is_enospc(exc):
-                    raise OperationalError(f"the disk is full ({self.path}); the change was not "
-                                           "committed: free space and retry") from exc
-                raise OperationalError(f"LMDB write failed in {self.path}: {exc}") from exc
-            except BaseException:
-                txn.abort()
-                raise
 
     def _grow(self) -> None:
         size = self.env.info()["map_size"]
         if size >= MAX_MAP:
             raise OperationalError(f"the LMDB map reached its maximum size ({MAX_MAP} bytes)")
-        self.env.set_mapsize(min(size * 2, MAX_MAP))
+        self._resize(min(size * 2, MAX_MAP))
+
+    def _resize(self, size: int) -> None:
+        self._gate.resize(self.env, size, self.path)
 
     def sync(self) -> None:
-        self.env.sync(True)
+        try:
+            self.env.sync(True)
+        except lmdb.Error as exc:
+            if _is_enospc(exc):
+                raise OperationalError(f"the disk is full ({self.path}): {exc}") from exc
+            raise OperationalError(f"cannot sync {self.path} to disk: {exc}") from exc
 
 
 class WriterLock:
@@ -157,7 +259,10 @@ class WriterLock:
         if self.fd is not None:
             self.depth += 1
             return
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise OperationalError(f"cannot open the writer lock {self.path}: {exc}") from exc
         deadline = time.monotonic() + max(timeout, 0.0)
         while True:
             try:
@@ -172,8 +277,11 @@ class WriterLock:
                         f"the database {self.path.parent} is locked by another writer{who}; "
                         "wait for it to finish, or pass timeout= to wait") from None
                 time.sleep(0.05)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        try:  # the pid is informational; a full disk must not stop the writer here
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+        except OSError:
+            pass
         self.fd = fd
         self.depth = 1
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,6 +111,9 @@ def delete_segment_data(txn, dbs, seg: int, *, gens: list[int] | None = None,
             if k[4:8] == prefix and (gens is None or C.read_u32(k) in gens)]
     for k in keys:
         txn.delete(k, db=dbs["vectors"])
+    if gens is not None and not docs:  # their index files go too: forget their checksums
+        from npmdb.check import prune_sums
+        prune_sums(txn, dbs, seg, gens)
 
 
 class SegmentReader:
@@ -128,6 +132,18 @@ class SegmentReader:
         self._dense: dict[tuple[int, str], DenseIndex] = {}
         self._docs: OrderedDict[int, StoredDoc] = OrderedDict()
         self._lock = threading.Lock()
+        self._verified: set[tuple[int, int]] = set()  # vector chunks whose CRC was checked
+        self._doc_crcs: np.ndarray | None = None
+
+    def _verify_files(self, rels) -> None:
+        """Check index files against the checksums recorded for this segment (see
+        :mod:`npmdb.check`) before a library that trusts them loads them."""
+        from npmdb.check import read_sums, verify_files
+        with self.env.read() as t:
+            sums = read_sums(t, self.env.dbs, self.seg)
+        if sums:
+            verify_files(self.root, self.seg, sums,
+                         [r for r in sums if r.startswith("bm25/")] if rels == "bm25" else rels)
 
     # -- columns ---------------------------------------------------------------------
 
@@ -177,7 +193,17 @@ class SegmentReader:
         if raw is None:
             raise OperationalError(f"segment {self.seg} has no vectors for generation {gen} "
                                    f"(chunk {ch}); the database is incomplete")
-        return C.unpack_array(raw, what=f"vectors g{gen} s{self.seg} c{ch}")
+        if (gen, ch) in self._verified:
+            return C.unpack_array(raw, what=f"vectors g{gen} s{self.seg} c{ch}")
+        try:  # the CRC of each chunk is checked the first time this process reads it
+            arr = C.unpack_array(raw, verify=True, what=f"vectors g{gen} s{self.seg} c{ch}")
+        except OperationalError as exc:
+            raise OperationalError(
+                f"segment {self.seg}: vector chunk {ch} of embedding generation {gen} is "
+                f"corrupt ({exc}); nothing was answered from it. Run `npmdb check "
+                f"{self.root}` for a full report") from None
+        self._verified.add((gen, ch))
+        return arr
 
     def iter_chunks(self, txn, gen: int) -> Iterator[tuple[int, np.ndarray]]:
         n = self.columns(txn).n_tokens
@@ -216,6 +242,7 @@ class SegmentReader:
         if self._bm25 is None:
             with self._lock:
                 if self._bm25 is None:
+                    self._verify_files("bm25")
                     self._bm25 = BM25Index(segment_dir(self.root, self.seg) / "bm25")
         return self._bm25
 
@@ -227,6 +254,7 @@ class SegmentReader:
                 idx = self._dense.get(key)
                 if idx is None:
                     kind = self.info.get("dense", "hnsw")
+                    self._verify_files([f"g{gen}.{side}.{kind}"])
                     idx = load_dense(kind, dense_path(self.root, self.seg, gen, side, kind),
                                      self.dim, self.params)
                     self._dense[key] = idx
@@ -242,6 +270,14 @@ class SegmentReader:
         raw = txn.get(C.doc_key(self.seg, local), db=self.env.dbs["docs"])
         if raw is None:
             raise OperationalError(f"document {local} of segment {self.seg} is missing")
+        if self._doc_crcs is None:
+            from npmdb.check import read_doc_crcs
+            self._doc_crcs = read_doc_crcs(txn, self.env.dbs, self.seg)
+        if self._doc_crcs is not None and 0 <= local < len(self._doc_crcs) and \
+                zlib.crc32(raw) != int(self._doc_crcs[local]):
+            raise OperationalError(
+                f"segment {self.seg}: document {local} is corrupt (checksum mismatch); run "
+                f"`npmdb check {self.root}` for a full report")
         v = C.unpack(raw)
         d = StoredDoc(self.seg, local, v["id"], v["title"], v["text"], v.get("meta") or {})
         self._docs[local] = d
@@ -256,6 +292,10 @@ def remove_dir(path: Path) -> None:
 
 
 def fsync_dir(path: Path) -> None:
+    # Called on a directory of new index files before the commit that references them:
+    # hnswlib reports no write errors (a full disk leaves a short file), so walk them first.
+    from npmdb.check import validate_index_files
+    validate_index_files(path)
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

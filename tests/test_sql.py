@@ -415,10 +415,23 @@ def test_meta_filters(new_db):
     assert len(res.rows) == 5
 
 
-def test_mixed_or_is_not_supported(db):
+def test_mixed_or_is_not_supported_on_answers(db):
     with pytest.raises(NotSupportedError, match="mixes document columns") as exc:
         db.sql("SELECT phrase FROM MASKED(?) WHERE doc.title = 'x' OR phrase = 'y'", [Q])
-    assert "line 1, column" in str(exc.value) and "^" in str(exc.value)
+    assert "line 1, column 36" in str(exc.value) and "^" in str(exc.value)
+
+
+def test_mixed_or_filters_rows(db):
+    """A row has one document, so on row sources a mixed condition filters rows."""
+    docs = list(db.documents())
+    res = db.sql("SELECT id FROM DOCUMENTS WHERE (title LIKE 'Sa%' OR generation > 0) AND id LIKE 'wn:%'")
+    assert [r[0] for r in res.rows] == [d["id"] for d in docs if d["id"].startswith("wn:")
+                                        and d["title"].lower().startswith("sa")]
+    assert "evaluated on rows" in db.sql("EXPLAIN SELECT id FROM DOCUMENTS WHERE title = 'a' OR "
+                                         "version = 1").plan
+    every = db.sql("SELECT phrase, title, score FROM EVIDENCE(?) LIMIT 5", [Q]).rows
+    res = db.sql("SELECT phrase, title, score FROM EVIDENCE(?) WHERE title LIKE 'М%' OR score > 0.003 LIMIT 5", [Q])
+    assert list(res.rows) == [r for r in every if r[1].lower().startswith("м") or r[2] > 0.003]
 
 
 # ---------------------------------------------------------------- EVIDENCE, SEARCH, DOCUMENTS

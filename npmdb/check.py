@@ -1,0 +1,629 @@
+"""Integrity: checksums of everything a database holds, verified on use and by ``npmdb check``.
+
+What is protected, and where it is verified:
+
+* **Arrays in LMDB** (token columns, vector chunks) carry a CRC32 over header and payload
+  (:func:`npmdb.storage.codec.pack_array`). Token columns are verified when a segment is
+  loaded; a vector chunk the first time a process reads it (then the chunk id is cached
+  in the :class:`~npmdb.storage.segments.SegmentReader`), so the hot path pays once.
+* **Documents**: the CRC32 of every stored document value, per segment, as an array value
+  under the segment's ``#docs`` key (``segcols``). Verified on every document read.
+* **Index files** (tantivy BM25, hnswlib / FAISS): size and CRC32 of every file of a
+  segment directory, under the segment's ``#files`` key (msgpack ``{name: [size, crc]}``).
+  Recorded ("sealed") in the commit transaction of the ``add`` that wrote the segment;
+  files written by ``optimize`` or an embedding refresh are sealed by the same writer right
+  after its commit (or by the next writer, if it was killed in between). Verified before
+  an index is loaded: hnswlib and tantivy trust their files, and a damaged one can crash
+  the process or answer wrongly. hnswlib writes files without reporting write errors, so
+  every ``.hnsw`` file is also walked structurally before the commit that references it
+  (:func:`validate_index_files`, called from ``fsync_dir``).
+
+:func:`check` (``db.check()``, ``npmdb check DB``) verifies all of it, plus the references
+between versions, segments, generations and files, and lists leftovers of killed writers.
+"""
+
+from __future__ import annotations
+
+import mmap
+import re
+import struct
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable
+
+import numpy as np
+
+from .errors import Error, OperationalError
+from npmdb.storage import codec as C
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .database import Database
+
+__all__ = ["check", "CheckReport", "Problem", "seal_segment", "verify_files", "read_sums",
+           "read_doc_crcs", "validate_index_files", "validate_hnsw", "crc_file", "FILES_KEY",
+           "DOCS_KEY"]
+
+FILES_KEY = "#files"   # segcols (seg, "#files"): msgpack {relative name: [size, crc32]}
+DOCS_KEY = "#docs"     # segcols (seg, "#docs"): int64 array, crc32 of each document value
+_UNSEALED = {".tantivy-meta.lock", ".tantivy-writer.lock"}  # tantivy's (empty) lock files
+_GEN = re.compile(r"g(\d+)\.")
+_HNSW_HEAD = struct.Struct("<QQQQQQiIQQQdQ")
+
+
+# -- checksums ------------------------------------------------------------------------------
+
+
+def crc_file(path: Path) -> tuple[int, int]:
+    """``(size, crc32)`` of a file."""
+    crc, size = 0, 0
+    with open(path, "rb") as fh:
+        while True:
+            chunk = fh.read(1 << 20)
+            if not chunk:
+                break
+            crc = zlib.crc32(chunk, crc)
+            size += len(chunk)
+    return size, crc
+
+
+def _seg_dir(root: Path, seg: int) -> Path:
+    return Path(root) / "segments" / f"s{seg:06d}"
+
+
+def _gen_of(rel: str) -> int | None:
+    m = _GEN.match(rel)
+    return int(m.group(1)) if m else None
+
+
+def segment_files(root: Path, seg: int, gen_limit: int | None = None) -> list[str]:
+    """Names (relative, ``/``-separated) of the files in a segment's directory, tantivy's
+    lock files excepted; with ``gen_limit``, dense files of generations >= it are left
+    out (an uncommitted refresh's)."""
+    d = _seg_dir(root, seg)
+    if not d.is_dir():
+        return []
+    out = []
+    for p in sorted(d.rglob("*")):
+        if not p.is_file() or p.name in _UNSEALED:
+            continue
+        rel = p.relative_to(d).as_posix()
+        g = _gen_of(rel)
+        if gen_limit is not None and g is not None and g >= gen_limit:
+            continue
+        out.append(rel)
+    return out
+
+
+def read_sums(txn, dbs, seg: int) -> dict[str, list[int]] | None:
+    raw = txn.get(C.col_key(seg, FILES_KEY), db=dbs["segcols"])
+    return None if raw is None else dict(C.unpack(raw))
+
+
+def read_doc_crcs(txn, dbs, seg: int) -> np.ndarray | None:
+    raw = txn.get(C.col_key(seg, DOCS_KEY), db=dbs["segcols"])
+    if raw is None:
+        return None
+    return C.unpack_array(raw, verify=True, what=f"segment {seg} document checksums").copy()
+
+
+def _doc_values(txn, dbs, seg: int) -> Iterable[tuple[int, Any]]:
+    prefix = C.u32(seg)
+    cur = txn.cursor(db=dbs["docs"])
+    if not cur.set_range(prefix):
+        return
+    for key, val in cur:
+        key = bytes(key)
+        if key[:4] != prefix:
+            break
+        yield C.read_u32(key, 4), val
+
+
+def seal_segment(txn, dbs, root: Path, seg: int, *, gen_limit: int | None,
+                 docs: int | None = None) -> int:
+    """Record the checksums a segment lacks: its files' (``#files``) and, given its
+    document count, its documents' (``#docs``). Returns how many entries were added."""
+    sums = read_sums(txn, dbs, seg) or {}
+    added = 0
+    d = _seg_dir(root, seg)
+    for rel in segment_files(root, seg, gen_limit):
+        if rel not in sums:
+            sums[rel] = list(crc_file(d / rel))
+            added += 1
+    if added:
+        txn.put(C.col_key(seg, FILES_KEY), C.pack(sums), db=dbs["segcols"])
+    if docs is not None and txn.get(C.col_key(seg, DOCS_KEY), db=dbs["segcols"]) is None:
+        crcs = np.full(int(docs), -1, dtype=np.int64)
+        for local, val in _doc_values(txn, dbs, seg):
+            if local < len(crcs):
+                crcs[local] = zlib.crc32(val)
+        if (crcs < 0).any():
+            raise OperationalError(f"segment {seg}: document {int(np.argmax(crcs < 0))} is "
+                                   "missing; run `npmdb check`")
+        txn.put(C.col_key(seg, DOCS_KEY), C.pack_array(crcs), db=dbs["segcols"])
+        added += 1
+    return added
+
+
+def prune_sums(txn, dbs, seg: int, gens: Iterable[int]) -> None:
+    """Forget the dense files of generations ``gens`` (vacuum removed them)."""
+    sums = read_sums(txn, dbs, seg)
+    if not sums:
+        return
+    gens = set(gens)
+    kept = {k: v for k, v in sums.items() if _gen_of(k) not in gens}
+    if len(kept) != len(sums):
+        txn.put(C.col_key(seg, FILES_KEY), C.pack(kept), db=dbs["segcols"])
+
+
+def _damaged(root: Path, seg: int, rel: str, what: str) -> OperationalError:
+    return OperationalError(
+        f"segment {seg}: index file {rel} is {what}: the database directory {root} was "
+        f"damaged; nothing was answered from it. Run `npmdb check {root}` for a full report, "
+        "then restore the directory from a backup")
+
+
+def verify_files(root: Path, seg: int, sums: dict[str, list[int]] | None,
+                 rels: Iterable[str]) -> int:
+    """Compare files of a segment with their recorded size and CRC32 (files with no
+    record are not checked); raises OperationalError naming the first bad one. Returns
+    the bytes verified."""
+    if not sums:
+        return 0
+    d = _seg_dir(root, seg)
+    n = 0
+    for rel in rels:
+        want = sums.get(rel)
+        if want is None:
+            continue
+        p = d / rel
+        if not p.is_file():
+            raise _damaged(root, seg, rel, "missing")
+        size, crc = crc_file(p)
+        if size != want[0]:
+            raise _damaged(root, seg, rel, f"{size} bytes instead of {want[0]} (truncated or "
+                                           "overwritten)")
+        if crc != want[1]:
+            raise _damaged(root, seg, rel, "corrupt (checksum mismatch)")
+        n += size
+    return n
+
+
+# -- structural checks of index files -------------------------------------------------------
+
+
+def validate_hnsw(path: Path) -> None:
+    """Walk an hnswlib index file (header, level-0 data, link lists) and check that it is
+    complete and self-consistent. hnswlib's own loader can crash on a damaged file, and its
+    writer does not report write errors (a full disk leaves a short file)."""
+    size = path.stat().st_size
+    if size < _HNSW_HEAD.size:
+        raise OperationalError(f"{path} is not a complete hnswlib index ({size} bytes)")
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        (off0, max_el, count, per_el, label_off, data_off, max_level, entry, max_m, max_m0,
+         m, _mult, _efc) = _HNSW_HEAD.unpack_from(mm, 0)
+        links = max_m * 4 + 4
+        bad = (off0 != 0 or count > max_el or per_el == 0 or per_el > 1 << 24
+               or label_off + 8 > per_el or data_off > label_off or max_m == 0
+               or max_m > 1 << 16 or m == 0 or (count and not 0 <= entry < count)
+               or not -1 <= max_level < 64)
+        pos = _HNSW_HEAD.size + count * per_el
+        if bad or pos > size:
+            raise OperationalError(f"{path} is not a complete hnswlib index (bad header or "
+                                   f"short level-0 data: {size} bytes)")
+        unpack = struct.Struct("<I").unpack_from
+        for _ in range(count):
+            if pos + 4 > size:
+                break
+            n = unpack(mm, pos)[0]
+            if n % links:
+                raise OperationalError(f"{path} is not a complete hnswlib index (bad link list "
+                                       f"at byte {pos})")
+            pos += 4 + n
+        else:
+            if pos == size:
+                return
+        raise OperationalError(f"{path} is not a complete hnswlib index: {size} bytes, the "
+                               f"structure needs {max(pos, size + 1)} (truncated: was the disk "
+                               "full?)")
+
+
+def validate_index_files(directory: Path) -> None:
+    """Structural checks of the dense index files directly inside ``directory``."""
+    try:
+        items = list(Path(directory).iterdir())
+    except (NotADirectoryError, FileNotFoundError):
+        return
+    for p in items:
+        if p.name.endswith(".hnsw") and p.is_file():
+            validate_hnsw(p)
+
+
+# -- the full check -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One finding: ``level`` is ``"error"`` (damage or loss: queries may fail) or
+    ``"warning"`` (leftovers a writer or vacuum removes; checksums not recorded yet)."""
+
+    level: str
+    where: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.level}: {self.where}: {self.message}"
+
+
+@dataclass
+class CheckReport:
+    """What :func:`check` found. ``ok`` is True when there is no error (warnings allowed)."""
+
+    path: str
+    problems: list[Problem] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def errors(self) -> list[Problem]:
+        return [p for p in self.problems if p.level == "error"]
+
+    @property
+    def warnings(self) -> list[Problem]:
+        return [p for p in self.problems if p.level == "warning"]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    @property
+    def clean(self) -> bool:
+        """No error and no warning."""
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "ok": self.ok, "counts": dict(self.counts),
+                "seconds": round(self.seconds, 3),
+                "problems": [{"level": p.level, "where": p.where, "message": p.message}
+                             for p in self.problems]}
+
+    def __str__(self) -> str:
+        c = self.counts
+        head = (f"{self.path}: {'OK' if self.ok else 'DAMAGED'} — {len(self.errors)} errors, "
+                f"{len(self.warnings)} warnings; checked {c.get('versions', 0)} versions, "
+                f"{c.get('segments', 0)} segments, {c.get('documents', 0)} documents, "
+                f"{c.get('arrays', 0)} arrays, {c.get('vector_chunks', 0)} vector chunks, "
+                f"{c.get('files', 0)} files ({c.get('bytes', 0):,} bytes) in "
+                f"{self.seconds:.2f} s")
+        return "\n".join([head, *(f"  {p}" for p in self.problems)])
+
+
+class _Checker:
+    def __init__(self, db: "Database", deep: bool) -> None:
+        self.db = db
+        self.root = db.path
+        self.dbs = db.env.dbs
+        self.deep = deep
+        self.report = CheckReport(str(db.path))
+        self.counts = self.report.counts
+        for k in ("versions", "segments", "documents", "arrays", "vector_chunks", "files",
+                  "bytes"):
+            self.counts[k] = 0
+
+    def err(self, where: str, message: str) -> None:
+        self.report.problems.append(Problem("error", where, message))
+
+    def warn(self, where: str, message: str) -> None:
+        self.report.problems.append(Problem("warning", where, message))
+
+    def unpack(self, raw, where: str):
+        try:
+            return C.unpack(raw)
+        except Error as exc:
+            self.err(where, str(exc))
+            return None
+
+    # -- LMDB ------------------------------------------------------------------------
+
+    def run(self) -> CheckReport:
+        t0 = time.perf_counter()
+        from npmdb.storage import versions as V
+
+        with self.db.env.read() as txn:
+            meta = {}
+            for k, v in txn.cursor(db=self.dbs["meta"]):
+                meta[bytes(k).decode(errors="replace")] = self.unpack(v, f"meta {bytes(k)!r}")
+            config = meta.get("config")
+            if not isinstance(config, dict):
+                self.err("meta", "no config: this is not a complete npmdb database")
+                config = {}
+            next_seg = int(meta.get("next_segment") or 1)
+            next_gen = int(meta.get("next_generation") or 1)
+            head = meta.get("head")
+            if meta.get("trash"):
+                self.warn("meta", f"{len(meta['trash'])} files wait to be removed (trash); the "
+                                  "next writer removes them")
+            gens: dict[int, dict] = {}
+            for k, v in txn.cursor(db=self.dbs["generations"]):
+                g = C.read_u32(bytes(k))
+                rec = self.unpack(v, f"generation {g}")
+                if isinstance(rec, dict):
+                    gens[g] = rec
+            versions: dict[int, Any] = {}
+            for k, v in txn.cursor(db=self.dbs["versions"]):
+                vid = C.read_u64(bytes(k))
+                d = self.unpack(v, f"version {vid}")
+                try:
+                    versions[vid] = V.Manifest.from_dict(d)
+                except Exception as exc:  # noqa: BLE001
+                    self.err(f"version {vid}", f"unreadable manifest: {exc}")
+            self.counts["versions"] = len(versions)
+            if head is not None and int(head) not in versions:
+                self.err("HEAD", f"HEAD names version {head}, which does not exist")
+            for name, vid in V.tags_of(txn, self.dbs).items():
+                if vid not in versions:
+                    self.err(f"tag {name!r}", f"names version {vid}, which does not exist")
+            records: dict[int, dict] = {}
+            for k, v in txn.cursor(db=self.dbs["segments"]):
+                s = C.read_u32(bytes(k))
+                rec = self.unpack(v, f"segment {s}")
+                if isinstance(rec, dict):
+                    records[s] = rec
+            needed: dict[int, set[int]] = {}  # segment -> generations some version reads
+            for m in versions.values():
+                where = f"version {m.id}"
+                if m.generation not in gens:
+                    self.err(where, f"reads embedding generation {m.generation}, which is not "
+                                    "recorded")
+                docs = 0
+                for s in m.segments:
+                    if s not in records:
+                        self.err(where, f"reads segment {s}, which is not recorded")
+                        continue
+                    needed.setdefault(s, set()).add(m.generation)
+                    dead = m.deleted.get(s, ())
+                    n = int(records[s].get("docs", 0))
+                    if any(not 0 <= x < n for x in dead):
+                        self.err(where, f"deletes documents outside segment {s} (0..{n - 1})")
+                    docs += n - len(set(dead))
+                for s in m.deleted:
+                    if s not in m.segments:
+                        self.err(where, f"has tombstones for segment {s}, which it does not read")
+                if docs != int(m.stats.get("docs", -1)):
+                    self.err(where, f"counts {m.stats.get('docs')} documents, its segments hold "
+                                    f"{docs}")
+            for s, rec in sorted(records.items()):
+                if s >= next_seg:
+                    self.warn(f"segment {s}", "recorded at or past next_segment")
+                self.segment(txn, s, rec, needed.get(s, set()), config, next_gen)
+            self.stray_vectors(txn, records, next_gen)
+            self.stray_columns(txn, records, next_seg)
+        self.directories(records, gens, next_seg, next_gen)
+        self.encoders(gens)
+        self.report.seconds = time.perf_counter() - t0
+        return self.report
+
+    def segment(self, txn, s: int, rec: dict, gens: set[int], config: dict,
+                next_gen: int) -> None:
+        where = f"segment {s}"
+        self.counts["segments"] += 1
+        cols = {}
+        from npmdb.storage.segments import COLUMNS
+        for name in COLUMNS:
+            raw = txn.get(C.col_key(s, name), db=self.dbs["segcols"])
+            if raw is None:
+                self.err(where, f"column {name!r} is missing")
+                continue
+            try:
+                cols[name] = C.unpack_array(raw, verify=True, what=f"{where} column {name!r}")
+                self.counts["arrays"] += 1
+            except Error as exc:
+                self.err(where, str(exc))
+        n_docs = int(rec.get("docs", 0))
+        n_tok = None
+        if len(cols) == len(COLUMNS):
+            n_tok = self.columns(where, cols, rec, n_docs)
+        # documents
+        crcs = None
+        try:
+            crcs = read_doc_crcs(txn, self.dbs, s)
+        except Error as exc:
+            self.err(where, str(exc))
+        if crcs is None:
+            self.warn(where, "no document checksums recorded yet (the next writer records them)")
+        elif len(crcs) != n_docs:
+            self.err(where, f"{len(crcs)} document checksums for {n_docs} documents")
+            crcs = None
+        seen = np.zeros(n_docs, dtype=bool)
+        text_len = np.zeros(n_docs, dtype=np.int64)
+        for local, val in _doc_values(txn, self.dbs, s):
+            if local >= n_docs:
+                self.err(where, f"holds document {local}, past its {n_docs} documents")
+                continue
+            seen[local] = True
+            self.counts["documents"] += 1
+            if crcs is not None and zlib.crc32(val) != int(crcs[local]):
+                self.err(where, f"document {local} is corrupt (checksum mismatch)")
+                continue
+            d = self.unpack(val, f"{where} document {local}")
+            if not isinstance(d, dict) or not isinstance(d.get("id"), str) or not isinstance(
+                    d.get("text"), str):
+                self.err(where, f"document {local} is malformed")
+                continue
+            text_len[local] = len(d["text"])
+            got = txn.get(C.docid_key(d["id"], s), db=self.dbs["docids"])
+            if got is None or self.unpack(got, f"{where} id map") != local:
+                self.err(where, f"the id map does not lead to document {local} ({d['id']!r})")
+        if not seen.all():
+            self.err(where, f"{int((~seen).sum())} of its {n_docs} documents are missing "
+                            f"(first: {int(np.argmax(~seen))})")
+        if n_tok is not None and seen.all() and len(cols["offsets"]):
+            doc_of_tok = np.repeat(cols["block_doc"].astype(np.int64), np.diff(cols["block_ptr"]))
+            if (cols["offsets"][:, 1] > text_len[doc_of_tok]).any():
+                self.err(where, "token offsets point past the end of their document's text")
+        # vectors
+        codec = C.get_codec(rec.get("codec", config.get("codec", "float16")))
+        dim = int(rec.get("dim", config.get("dim", 0)))
+        width = codec.bytes_per_vector(dim) // (2 if codec.name == "float16" else 1)
+        if n_tok is not None:
+            from npmdb.storage.segments import CHUNK
+            n_chunks = (n_tok + CHUNK - 1) // CHUNK
+            for g in sorted(gens):
+                for ch in range(n_chunks):
+                    raw = txn.get(C.vec_key(g, s, ch), db=self.dbs["vectors"])
+                    w = f"{where} vectors g{g} chunk {ch}"
+                    if raw is None:
+                        self.err(where, f"vector chunk {ch} of generation {g} is missing")
+                        continue
+                    try:
+                        arr = C.unpack_array(raw, verify=self.deep, what=w)
+                    except Error as exc:
+                        self.err(where, str(exc))
+                        continue
+                    self.counts["vector_chunks"] += 1
+                    rows = min(CHUNK, n_tok - ch * CHUNK)
+                    if arr.shape != (rows, width):
+                        self.err(where, f"vector chunk {ch} of generation {g} has shape "
+                                        f"{arr.shape}, expected {(rows, width)}")
+        self.files(s, rec, gens, next_gen, txn)
+
+    def columns(self, where: str, cols: dict, rec: dict, n_docs: int) -> int | None:
+        tok, flags, offs, ptr, bdoc = (cols[k] for k in ("tokens", "flags", "offsets",
+                                                         "block_ptr", "block_doc"))
+        n = len(tok)
+        ok = (len(flags) == n and offs.ndim == 2 and offs.shape == (n, 2) and ptr.ndim == 1
+              and len(ptr) == len(bdoc) + 1 and (len(ptr) == 0 or (ptr[0] == 0 and ptr[-1] == n))
+              and bool((np.diff(ptr) >= 0).all())
+              and bool(((bdoc >= 0) & (bdoc < n_docs)).all()))
+        if not ok:
+            self.err(where, "its token columns are inconsistent (lengths, block pointers or "
+                            "document numbers)")
+            return None
+        if int(rec.get("tokens", n)) != n or int(rec.get("blocks", len(bdoc))) != len(bdoc):
+            self.err(where, f"its record counts {rec.get('tokens')} tokens / {rec.get('blocks')} "
+                            f"blocks, its columns hold {n} / {len(bdoc)}")
+        return n
+
+    def files(self, s: int, rec: dict, gens: set[int], next_gen: int, txn) -> None:
+        where = f"segment {s}"
+        d = _seg_dir(self.root, s)
+        sums = read_sums(txn, self.dbs, s)
+        present = segment_files(self.root, s)
+        kind = rec.get("dense", "hnsw")
+        if not d.is_dir():
+            self.err(where, f"its directory {d.relative_to(self.root)} is missing")
+            return
+        if not any(r.startswith("bm25/") for r in present):
+            self.err(where, "its BM25 index (bm25/) is missing")
+        for g in sorted(gens):
+            for side in ("start", "end"):
+                rel = f"g{g}.{side}.{kind}"
+                if rel not in present:
+                    self.err(where, f"dense index {rel} is missing")
+        if sums is None:
+            self.warn(where, "no file checksums recorded yet (the next writer records them)")
+            sums = {}
+        for rel in sums:
+            if rel not in present:
+                self.err(where, f"index file {rel} is missing")
+        for rel in present:
+            g = _gen_of(rel)
+            if g is not None and g >= next_gen:
+                self.warn(where, f"{rel} belongs to an uncommitted refresh (the next writer "
+                                 "removes it)")
+                continue
+            p = d / rel
+            if rel not in sums:
+                self.warn(where, f"{rel} has no recorded checksum yet (the next writer records "
+                                 "it)")
+            else:
+                try:
+                    self.counts["bytes"] += verify_files(self.root, s, sums, [rel])
+                except Error as exc:
+                    self.err(where, str(exc).split(": the database directory")[0])
+                    continue
+            self.counts["files"] += 1
+            if self.deep and rel.endswith(".hnsw"):
+                try:
+                    validate_hnsw(p)
+                except Error as exc:
+                    self.err(where, str(exc))
+
+    def stray_vectors(self, txn, records: dict, next_gen: int) -> None:
+        stray: dict[tuple[int, int], int] = {}
+        for k in txn.cursor(db=self.dbs["vectors"]).iternext(values=False):
+            k = bytes(k)
+            g, s = C.read_u32(k), C.read_u32(k, 4)
+            if s not in records or g >= next_gen:
+                stray[(g, s)] = stray.get((g, s), 0) + 1
+        for (g, s), n in sorted(stray.items()):
+            self.warn(f"segment {s}", f"{n} vector chunks of generation {g} that nothing "
+                                      "references (left by a killed writer; the next writer "
+                                      "removes them)")
+
+    def stray_columns(self, txn, records: dict, next_seg: int) -> None:
+        stray = set()
+        for name in ("segcols", "docs"):
+            for k in txn.cursor(db=self.dbs[name]).iternext(values=False):
+                s = C.read_u32(bytes(k))
+                if s not in records:
+                    stray.add(s)
+        for s in sorted(stray):
+            self.warn(f"segment {s}", "data of an uncommitted or removed segment (the next "
+                                      "writer or vacuum removes it)")
+
+    # -- directories ---------------------------------------------------------------------
+
+    def directories(self, records: dict, gens: dict, next_seg: int, next_gen: int) -> None:
+        root = self.root / "segments"
+        if root.is_dir():
+            for p in sorted(root.iterdir()):
+                name = p.name
+                if name.startswith("tmp-"):
+                    self.warn(f"segments/{name}", "a killed writer's temporary directory (the "
+                                                  "next writer removes it)")
+                elif name.startswith("s") and name[1:].isdigit() and p.is_dir():
+                    if int(name[1:]) not in records:
+                        self.warn(f"segments/{name}", "a directory no segment record names "
+                                                      "(the next writer or vacuum removes it)")
+                else:
+                    self.warn(f"segments/{name}", "an unknown file or directory")
+        enc = self.root / "encoders"
+        if enc.is_dir():
+            for p in sorted(enc.iterdir()):
+                m = re.fullmatch(r"g(\d+)", p.name)
+                if not m or int(m.group(1)) not in gens:
+                    self.warn(f"encoders/{p.name}", "no recorded generation uses it (the next "
+                                                    "writer or vacuum removes it)")
+
+    def encoders(self, gens: dict) -> None:
+        from . import encoder as enc_mod
+
+        for g, rec in sorted(gens.items()):
+            ck = rec.get("checkpoint")
+            if not ck:
+                continue
+            p = self.root / ck
+            where = f"generation {g}"
+            if not (p / "config.json").is_file() or not any(
+                    (p / w).is_file() for w in enc_mod.WEIGHT_FILES):
+                self.err(where, f"its encoder checkpoint {ck} is missing or incomplete")
+                continue
+            if self.deep:
+                want = (rec.get("encoder") or {}).get("fingerprint")
+                if want and enc_mod.fingerprint_dir(p) != want:
+                    self.err(where, f"its encoder checkpoint {ck} is corrupt (sha256 mismatch)")
+
+
+def check(db: "Database", *, deep: bool = True) -> CheckReport:
+    """Verify a database: every array's CRC32, every document's checksum, every index
+    file's size and CRC32 (and the structure of hnswlib files), the references between
+    versions, segments, generations and files, and leftovers of killed writers.
+
+    ``deep=False`` skips reading vector payloads, hnswlib structure and encoder weights.
+    Nothing is changed. Errors mean damage (restore from a backup); warnings are leftovers
+    that the next writer or ``vacuum`` removes, or checksums the next writer records.
+    """
+    db._check_open()
+    return _Checker(db, deep).run()

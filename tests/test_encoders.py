@@ -1,0 +1,114 @@
+"""Any local Hugging Face encoder directory works: BERT (the default's tokenizer), RoBERTa
+(byte-level BPE, ``<mask>``) and MPNet. The RoBERTa tokenizer is trained here on the sample
+corpus (nothing is downloaded); the models are tiny and randomly initialised."""
+
+from __future__ import annotations
+
+import pytest
+
+import npmdb
+from npmdb.boundaries import fold
+
+
+def _texts(sample_corpus, n=400):
+    return [d["text"] for d in sample_corpus[:n]]
+
+
+def make_roberta(path, texts):
+    import torch
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import RobertaConfig, RobertaModel, RobertaTokenizerFast
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(texts, vocab_size=2000, min_frequency=2,
+                            special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    path.mkdir(parents=True)
+    from tokenizers.processors import RobertaProcessing
+
+    inner = bpe._tokenizer
+    inner.post_processor = RobertaProcessing(("</s>", inner.token_to_id("</s>")),
+                                             ("<s>", inner.token_to_id("<s>")))
+    tok = RobertaTokenizerFast(tokenizer_object=inner, bos_token="<s>", eos_token="</s>",
+                               sep_token="</s>", cls_token="<s>", unk_token="<unk>",
+                               pad_token="<pad>", mask_token="<mask>")
+    tok.save_pretrained(path)
+    torch.manual_seed(0)
+    cfg = RobertaConfig(vocab_size=tok.vocab_size + 8, hidden_size=32, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=514,
+                        pad_token_id=tok.pad_token_id)
+    RobertaModel(cfg).save_pretrained(path, safe_serialization=True)
+    return path
+
+
+def make_mpnet(path):
+    import shutil
+
+    import torch
+    from transformers import MPNetConfig, MPNetModel, MPNetTokenizerFast
+
+    from npmdb.encoder import default_encoder_path
+
+    path.mkdir(parents=True)
+    shutil.copy(default_encoder_path() / "vocab.txt", path / "vocab.txt")
+    words = (path / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    vocab = {w: i for i, w in enumerate(words)}
+    for special in ("<s>", "</s>", "<pad>", "<mask>"):
+        vocab.setdefault(special, len(vocab))
+    tok = MPNetTokenizerFast(vocab=vocab)
+    tok.save_pretrained(path)
+    torch.manual_seed(0)
+    cfg = MPNetConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2,
+                      num_attention_heads=2, intermediate_size=64, max_position_embeddings=514)
+    MPNetModel(cfg).save_pretrained(path, safe_serialization=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def encoders(tmp_path_factory, sample_corpus):
+    root = tmp_path_factory.mktemp("encoders")
+    return {"roberta": make_roberta(root / "roberta", _texts(sample_corpus, 2000)),
+            "mpnet": make_mpnet(root / "mpnet")}
+
+
+@pytest.mark.parametrize("kind", ["roberta", "mpnet"])
+def test_other_encoder_families_store_and_answer(tmp_path, encoders, sample_corpus, kind):
+    enc = encoders[kind]
+    with npmdb.open(tmp_path / "db", encoder=enc, progress=False) as db:
+        docs = sample_corpus[:150] + [{"id": "planted", "text":
+                                       "Hagios Demetrios is a church in Thessaloniki, Greece."}]
+        db.add(docs)
+        assert db.encoder.info.model_type == kind
+        by_id = {d["id"]: d for d in docs}
+        for q in ("Hagios Demetrios is located in <mask>.", "Hagios Demetrios is located in [MASK]."):
+            for retrieval in ("dense", "bm25"):
+                for mode in ("phrase", "token"):
+                    res = db.fill_mask(q, retrieval=retrieval, mode=mode, top=5, k=64)
+                    assert res.answers
+                    for a in res:
+                        for e in a.evidence:
+                            assert fold(by_id[e.doc_id]["text"][e.start:e.end]) == fold(a.text)
+        res = db.fill_mask("Hagios Demetrios is located in <mask>.", retrieval="bm25", top=100)
+        assert {"thessaloniki", "greece"} <= {fold(a.text) for a in res}
+
+
+def test_roberta_offsets_have_no_leading_space(encoders):
+    from npmdb.encoder import Encoder
+
+    e = Encoder(encoders["roberta"])
+    text = "Bank of America is in Charlotte, North Carolina."
+    tt = e.tokenize(text)
+    for s, t in tt.offsets:
+        piece = text[s:t]
+        assert piece and piece == piece.strip()
+    ids, pos = e.query_ids("It is in <mask>.", "phrase")
+    assert [int(ids[p]) for p in pos] == [e.mask_id, e.mask_id]
+    assert e.tokenizer.convert_ids_to_tokens(int(ids[pos[0] - 1])) == "Ġin"
+
+
+def test_opening_with_a_different_family_is_refused(tmp_path, encoders, tiny_encoder):
+    with npmdb.open(tmp_path / "db", encoder=encoders["roberta"], progress=False) as db:
+        db.add(["Paris is in France."])
+    with pytest.raises(npmdb.ProgrammingError, match="was built with encoder"):
+        npmdb.open(tmp_path / "db", encoder=tiny_encoder)
+    with npmdb.open(tmp_path / "db", progress=False) as db:  # None: the recorded encoder
+        assert db.fill_mask("Paris is in <mask>.", retrieval="bm25").answers
