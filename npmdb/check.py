@@ -436,6 +436,7 @@ class _Checker:
             self.err(where, f"{len(crcs)} document checksums for {n_docs} documents")
             crcs = None
         seen = np.zeros(n_docs, dtype=bool)
+        good = np.zeros(n_docs, dtype=bool)
         text_len = np.zeros(n_docs, dtype=np.int64)
         for local, val in _doc_values(txn, self.dbs, s):
             if local >= n_docs:
@@ -452,15 +453,17 @@ class _Checker:
                 self.err(where, f"document {local} is malformed")
                 continue
             text_len[local] = len(d["text"])
+            good[local] = True
             got = txn.get(C.docid_key(d["id"], s), db=self.dbs["docids"])
             if got is None or self.unpack(got, f"{where} id map") != local:
                 self.err(where, f"the id map does not lead to document {local} ({d['id']!r})")
         if not seen.all():
             self.err(where, f"{int((~seen).sum())} of its {n_docs} documents are missing "
                             f"(first: {int(np.argmax(~seen))})")
-        if n_tok is not None and seen.all() and len(cols["offsets"]):
+        if n_tok is not None and len(cols["offsets"]):
             doc_of_tok = np.repeat(cols["block_doc"].astype(np.int64), np.diff(cols["block_ptr"]))
-            if (cols["offsets"][:, 1] > text_len[doc_of_tok]).any():
+            ok_tok = good[doc_of_tok]
+            if (cols["offsets"][ok_tok, 1] > text_len[doc_of_tok[ok_tok]]).any():
                 self.err(where, "token offsets point past the end of their document's text")
         # vectors
         codec = C.get_codec(rec.get("codec", config.get("codec", "float16")))
@@ -541,7 +544,8 @@ class _Checker:
                 try:
                     self.counts["bytes"] += verify_files(self.root, s, sums, [rel])
                 except Error as exc:
-                    self.err(where, str(exc).split(": the database directory")[0])
+                    self.err(where, str(exc).split(": the database directory")[0]
+                             .removeprefix(f"segment {s}: "))
                     continue
             self.counts["files"] += 1
             if self.deep and rel.endswith(".hnsw"):

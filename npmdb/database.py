@@ -495,17 +495,25 @@ class Database:
                     self._discard(b)
                 raise
 
-    def add(self, docs: Any, *, message: str = "") -> int | None:
+    def add(self, docs: Any, *, message: str = "", engine: Any = "local") -> int | None:
         """Add documents; returns the new version id (None if nothing was added).
 
         ``docs``: strings, dicts ``{id, title, text, meta}``, Documents, or a path to
         JSONL(.gz) / Parquet / CSV / text files or a directory of them.
+        ``engine``: 'local' (this process), or 'ray' / an ``npmdb.distributed.RayEngine``
+        to encode on a Ray cluster (the ``npmdb[ray]`` extra; see docs/SCALE.md).
         """
+        if not (isinstance(engine, str) and engine == "local"):
+            from .distributed import resolve_engine
+            engine = resolve_engine(engine)  # unknown engine or Ray missing: fail first
         with self._writing():
             own = self._batch is None
             b = self._batch or _Batch(message)
             try:
-                self._add_to_batch(b, docs)
+                if isinstance(engine, str):
+                    self._add_to_batch(b, docs)
+                else:
+                    engine.add_to_batch(self, b, docs)
                 if own:
                     if not b.changed:
                         return self._head_id()

@@ -161,6 +161,29 @@ def build_indexes(db: "Database", prep: PreparedSegment, target, gen: int,
     bar.close()
 
 
+def store_documents(db: "Database", seg: int, prep: PreparedSegment) -> None:
+    """Token columns, documents and the id index of segment ``seg`` (one transaction)."""
+    cols = prep.columns()
+
+    def write(txn):
+        write_columns(txn, db.env.dbs, seg, cols)
+        for local, d in enumerate(prep.docs):
+            txn.put(C.doc_key(seg, local), C.pack({"id": d.id, "title": d.title,
+                                                   "text": d.text, "meta": d.meta}),
+                    db=db.env.dbs["docs"])
+            txn.put(C.docid_key(d.id, seg), C.pack(local), db=db.env.dbs["docids"])
+    db.env.write(write)
+
+
+def install_segment_dir(db: "Database", tmp, seg: int) -> None:
+    """Fsync the finished index directory and rename it into place (atomic)."""
+    fsync_dir(tmp)
+    final = segment_dir(db.path, seg)
+    remove_dir(final)
+    os.replace(tmp, final)
+    fsync_dir(final.parent)
+
+
 def ingest_segment(db: "Database", seg: int, gen: int, docs: list[Document]) -> dict:
     """Write segment ``seg`` (data in LMDB, index files in place); returns its record."""
     t0 = time.time()
@@ -171,22 +194,10 @@ def ingest_segment(db: "Database", seg: int, gen: int, docs: list[Document]) -> 
     tmp.mkdir(parents=True)
     try:
         starts_ends = encode_and_store(db, encoder, prep, seg, gen, db.progress)
-        cols = prep.columns()
 
-        def write_docs(txn):
-            write_columns(txn, db.env.dbs, seg, cols)
-            for local, d in enumerate(prep.docs):
-                txn.put(C.doc_key(seg, local), C.pack({"id": d.id, "title": d.title,
-                                                       "text": d.text, "meta": d.meta}),
-                        db=db.env.dbs["docs"])
-                txn.put(C.docid_key(d.id, seg), C.pack(local), db=db.env.dbs["docids"])
-        db.env.write(write_docs)
+        store_documents(db, seg, prep)
         build_indexes(db, prep, tmp, gen, starts_ends[:2], starts_ends[2:], db.progress)
-        fsync_dir(tmp)
-        final = segment_dir(db.path, seg)
-        remove_dir(final)
-        os.replace(tmp, final)
-        fsync_dir(final.parent)
+        install_segment_dir(db, tmp, seg)
     except BaseException:
         remove_dir(tmp)
         raise

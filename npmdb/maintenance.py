@@ -18,7 +18,7 @@ import numpy as np
 
 from .corpus import Document
 from .errors import ProgrammingError
-from .ingest import PreparedSegment, build_indexes
+from .ingest import PreparedSegment, build_indexes, install_segment_dir, store_documents
 from npmdb.storage import codec as C
 from npmdb.storage import versions as V
 from npmdb.storage.segments import (
@@ -133,22 +133,9 @@ def optimize(db: "Database", message: str = "") -> int | None:
         tmp.mkdir(parents=True)
         try:
             starts, ends = _copy_vectors(db, prep, ranges, seg_new, gen)
-            cols_new = prep.columns()
-
-            def write_docs(txn):
-                write_columns(txn, db.env.dbs, seg_new, cols_new)
-                for local, d in enumerate(prep.docs):
-                    txn.put(C.doc_key(seg_new, local), C.pack({"id": d.id, "title": d.title,
-                                                               "text": d.text, "meta": d.meta}),
-                            db=db.env.dbs["docs"])
-                    txn.put(C.docid_key(d.id, seg_new), C.pack(local), db=db.env.dbs["docids"])
-            db.env.write(write_docs)
+            store_documents(db, seg_new, prep)
             build_indexes(db, prep, tmp, gen, starts, ends, db.progress)
-            fsync_dir(tmp)
-            final = segment_dir(db.path, seg_new)
-            remove_dir(final)
-            os.replace(tmp, final)
-            fsync_dir(final.parent)
+            install_segment_dir(db, tmp, seg_new)
         except BaseException:
             remove_dir(tmp)
             db._remove_segment(seg_new)
