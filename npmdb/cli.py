@@ -61,11 +61,18 @@ def _cell(v) -> str:
 def cmd_add(args) -> int:
     import npmdb
 
+    engine = "local"
+    if args.ray:  # checked before the database is opened: a missing extra fails first
+        from .distributed import RayEngine, resolve_engine
+        engine = resolve_engine(RayEngine(workers=args.workers))
+    elif args.workers is not None:
+        raise npmdb.ProgrammingError("--workers needs --ray")
     with npmdb.open(args.db, encoder=args.encoder, progress=not args.quiet,
                     timeout=args.timeout) as db:
         t0 = time.time()
         before = db.count()
-        vid = db.add(args.files if len(args.files) > 1 else args.files[0], message=args.message or "")
+        vid = db.add(args.files if len(args.files) > 1 else args.files[0],
+                     message=args.message or "", engine=engine)
         print(f"added {db.count() - before} documents in {time.time() - t0:.1f} s; "
               f"version {vid}")
     return 0
@@ -196,6 +203,11 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--encoder", default=None, help="local Hugging Face model directory")
     a.add_argument("--message", default="")
     a.add_argument("--timeout", type=float, default=0.0, help="seconds to wait for the writer lock")
+    a.add_argument("--ray", action="store_true",
+                   help="encode on a Ray cluster (pip install 'npmdb[ray]'; RAY_ADDRESS picks "
+                        "the cluster, else a local one is started)")
+    a.add_argument("--workers", type=int, default=None,
+                   help="with --ray: encoder actors (default: one per GPU, else per CPU)")
     a.add_argument("-q", "--quiet", action="store_true")
     a.set_defaults(fn=cmd_add)
 

@@ -9,7 +9,9 @@ needs are written and fsynced.
 from __future__ import annotations
 
 import errno
+import math
 import os
+import re
 import threading
 import time
 from contextlib import contextmanager, suppress
@@ -300,6 +302,7 @@ class Database:
     def run_masked(self, spec: MaskedSpec, **plan_args: Any) -> Result:
         enc_mod.split_mask(spec.text)  # fail fast on a query without exactly one mask
         _check_text(spec.text, "the query")
+        _check_finite(spec, ("tau", "alpha"))
         plan = plan_masked(spec, **plan_args)
         return self._execute(plan, spec)
 
@@ -320,6 +323,7 @@ class Database:
         enc_mod.split_mask(spec.text)
         _check_text(spec.text, "the query")
         _check_text(spec.labels, "a label")
+        _check_finite(spec, ("tau",))
         return self._execute(plan_classify(spec, **plan_args), spec)
 
     def _execute(self, plan, spec) -> Result:
@@ -438,7 +442,10 @@ class Database:
                 if outer and isinstance(exc, Exception):
                     with suppress(Exception):  # remove what the failed change left, now
                         self._recover()
-                if isinstance(exc, OSError):  # a full disk, a read-only or failing file system
+                if isinstance(exc, OSError) or (isinstance(exc, Exception) and not isinstance(
+                        exc, Error) and _ENOSPC_TEXT.search(str(exc))):
+                    # a full disk, a read-only or failing file system (tantivy and FAISS
+                    # report it as ValueError / RuntimeError text)
                     moved = None
                     with suppress(Exception):
                         moved = self._head_id() != head
@@ -459,16 +466,27 @@ class Database:
         dbs = self.env.dbs
         todo = []
         with self.env.read() as txn:
+            next_seg = int(V.get_meta(txn, dbs, "next_segment", 1))
             next_gen = int(V.get_meta(txn, dbs, "next_generation", 1))
-            for k, v in txn.cursor(db=dbs["segments"]):
+            # files only appear with a new segment or a new generation: "sealed" holds the
+            # counters at the last complete seal, so only what came since is listed
+            mark = V.get_meta(txn, dbs, "sealed") or [0, 0]
+            if list(mark) == [next_seg, next_gen]:
+                return
+            start = int(mark[0]) if int(mark[1]) == next_gen else 0
+            cur = txn.cursor(db=dbs["segments"])
+            for k, v in (cur if cur.set_range(C.u32(start)) else ()):
                 s, info = C.read_u32(bytes(k)), C.unpack(v)
                 sums = read_sums(txn, dbs, s) or {}
                 if txn.get(C.col_key(s, DOCS_KEY), db=dbs["segcols"]) is None or any(
                         r not in sums for r in segment_files(self.path, s, next_gen)):
                     todo.append((s, int(info["docs"])))
-        if todo:
-            self.env.write(lambda txn: [seal_segment(txn, dbs, self.path, s, gen_limit=next_gen,
-                                                     docs=n) for s, n in todo])
+
+        def txn_fn(txn):
+            for s, n in todo:
+                seal_segment(txn, dbs, self.path, s, gen_limit=next_gen, docs=n)
+            V.put_meta(txn, dbs, "sealed", [next_seg, next_gen])
+        self.env.write(txn_fn)
 
     def check(self, *, deep: bool = True):
         """Verify every checksum and reference of the database (see :mod:`npmdb.check`);
@@ -642,7 +660,11 @@ class Database:
             V.put_meta(txn, dbs, "head", vid)
             V.put_meta(txn, dbs, "next_version", vid + 1)
             if b.segments:
+                old = int(V.get_meta(txn, dbs, "next_segment", 1))
                 V.put_meta(txn, dbs, "next_segment", max(s for s, _ in b.segments) + 1)
+                ng = int(V.get_meta(txn, dbs, "next_generation", 1))
+                if list(V.get_meta(txn, dbs, "sealed") or []) == [old, ng]:  # still complete
+                    V.put_meta(txn, dbs, "sealed", [max(s for s, _ in b.segments) + 1, ng])
             if b.auto_used:
                 V.put_meta(txn, dbs, "next_auto",
                            int(V.get_meta(txn, dbs, "next_auto", 1)) + b.auto_used)
@@ -806,10 +828,15 @@ class Database:
         return data | {"config": dict(self.config)}
 
 
-def _os_message(exc: OSError, path: Path, committed: bool | None) -> str:
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+_ENOSPC_TEXT = re.compile(r"No space left on device|os error 28\b|Disk quota exceeded|"
+                          r"os error 122\b")
+
+
+def _os_message(exc: Exception, path: Path, committed: bool | None) -> str:
+    code = getattr(exc, "errno", None)
+    if code in (errno.ENOSPC, errno.EDQUOT) or _ENOSPC_TEXT.search(str(exc)):
         what = f"the disk is full ({path})"
-    elif exc.errno == errno.EROFS:
+    elif code == errno.EROFS:
         what = f"the file system of {path} is read-only"
     else:
         what = f"I/O error in {path}"
@@ -823,6 +850,22 @@ def _check_ref(ref: Any) -> None:
     if isinstance(ref, int) and not isinstance(ref, bool) and not 0 <= ref < 2 ** 63:
         raise ProgrammingError(f"no version {ref}: version ids are integers >= 0; see "
                                "db.versions() for the versions that exist")
+
+
+_RANGES = {"tau": (1e-3, 1e3), "alpha": (-16.0, 16.0)}
+
+
+def _check_finite(spec: Any, names: tuple[str, ...]) -> None:
+    """NaN, infinite or extreme tau/alpha give NaN or infinite scores (or overflow in
+    aggregation), not answers: refuse them."""
+    for name in names:
+        v = getattr(spec, name, None)
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            continue
+        lo, hi = _RANGES[name]
+        if not (math.isfinite(v) and lo <= v <= hi):
+            raise ProgrammingError(f"{name} must be a finite number in [{lo:g}, {hi:g}], "
+                                   f"got {v!r}")
 
 
 def _check_text(value: Any, what: str) -> None:

@@ -43,6 +43,7 @@ import logging
 import os
 import shutil
 import time
+import warnings
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -265,8 +266,15 @@ def _placement(ray, engine: RayEngine, db: "Database") -> tuple[int, float, str]
     if workers is None:
         workers = int(gpus // per_gpu) if per_gpu else int(cpus // engine.cpus_per_worker)
     workers = max(1, workers)
-    device = db.device or ("cuda" if per_gpu > 0 else "cpu")
-    return workers, per_gpu, device
+    need_cpu, need_gpu = workers * engine.cpus_per_worker, workers * per_gpu
+    if need_cpu > cpus or need_gpu > gpus:
+        warnings.warn(f"RayEngine: {workers} workers need {need_cpu:g} CPUs and {need_gpu:g} "
+                      f"GPUs, the Ray cluster has {cpus:g} and {gpus:g} now: the encoding waits "
+                      "for resources (an autoscaler) or runs with fewer actors",
+                      RuntimeWarning, stacklevel=4)
+    # an actor sees only its own GPU(s) (Ray sets CUDA_VISIBLE_DEVICES): plain "cuda"
+    want_cuda = per_gpu > 0 and not str(db.device or "cuda").startswith("cpu")
+    return workers, per_gpu, ("cuda" if want_cuda else "cpu")
 
 
 def _encoder_args(db: "Database", gen: int, encoder: "Encoder | None" = None) -> dict:
@@ -298,22 +306,52 @@ def _run_pieces(ray, engine: RayEngine, items: list[dict], ctor: dict, workers: 
             yield int(pid), _unpack_piece(bytes(payload))
 
 
-def _ray_errors(what: str):
-    """Re-raise npmdb errors from actors as themselves, anything else from Ray as
-    OperationalError."""
-    @contextmanager
-    def guard():
-        try:
-            yield
-        except Error:
-            raise
-        except Exception as exc:  # noqa: BLE001 - Ray wraps actor failures in its own types
-            cause = getattr(exc, "cause", None)
-            if isinstance(cause, Error):
-                raise type(cause)(f"{cause} (in a Ray worker)") from exc
-            raise OperationalError(f"{what} failed on the Ray cluster: "
-                                   f"{type(exc).__name__}: {exc}") from exc
-    return guard()
+def _worker_error(exc: BaseException) -> Error | None:
+    """The npmdb error an actor raised, recovered from Ray's wrapper (or None)."""
+    import re
+
+    from . import errors
+
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, Error):
+        name, msg = type(cause).__name__, str(cause)
+    else:
+        found = re.findall(r"npmdb\.errors\.(\w+): ([^\n]*)", str(exc))
+        if not found:
+            return None
+        name, msg = found[-1]
+    cls = getattr(errors, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, Error)):
+        return None
+    return cls(msg if "Ray worker" in msg else f"{msg} (in a Ray worker)")
+
+
+@contextmanager
+def _ray_errors(what: str) -> Iterator[None]:
+    """npmdb errors raised in actors come back as themselves; any other failure on the
+    cluster as OperationalError (Ray's own exception and trace are its cause)."""
+    try:
+        yield
+    except Error:
+        raise
+    except Exception as exc:  # noqa: BLE001 - Ray wraps actor failures in its own types
+        err = _worker_error(exc)
+        if err is not None:
+            raise err from exc
+        first = str(exc).strip().splitlines()[:1] or [""]
+        raise OperationalError(f"{what} failed on the Ray cluster: {type(exc).__name__}: "
+                               f"{first[0][:500]}") from exc
+
+
+def _guarded(results: Iterator[tuple[int, dict]], what: str) -> Iterator[tuple[int, dict]]:
+    """``results``, with failures on the cluster (not in the driver's own work between
+    items) translated by :func:`_ray_errors`."""
+    while True:
+        with _ray_errors(what):
+            item = next(results, None)
+        if item is None:
+            return
+        yield item
 
 
 # -- the driver side: writing segments ------------------------------------------------------
@@ -547,6 +585,7 @@ class _Runs:
                                     self.gpus):
             st = out.pop("stats", {})
             rep["pieces"] += 1
+            rep.setdefault("first_result_s", time.perf_counter() - self.t0)
             rep["tokens"] += int(st.get("tokens", 0))
             rep["worker_cpu_s"] += float(st.get("cpu_s", 0.0))
             rep["worker_wall_s"] += float(st.get("wall_s", 0.0))
@@ -607,9 +646,8 @@ def _add_to_batch(engine: RayEngine, db: "Database", b: "_Batch", docs: Any) -> 
             meta[pid] = p
             items.append({"piece": pid,
                           "payload": _pack_piece({"texts": [d.text for d in p.docs]})})
-        with _ray_errors("encoding"):
-            for pid, out in runs.run(items):
-                handle(pid, out)
+        for pid, out in _guarded(runs.run(items), "encoding"):
+            handle(pid, out)
         if meta:
             raise OperationalError(f"{len(meta)} encoded pieces never came back from Ray")
 
@@ -678,40 +716,23 @@ def write_generation(db: "Database", model: Any, *, steps: int = 0, tag: str | N
         ctor = {"encoder_path": str(ckpt), "info": new_info.to_dict(),
                 "block_len": int(db.config["block_len"]),
                 "codec": db.config.get("codec", "float16")}
-        items: list[dict] = []
-        meta: dict[int, tuple[Any, int, int, bool]] = {}
+        # waves of whole segments (about wave_chars / 4 tokens): bounded driver memory
+        waves: list[list[Any]] = [[]]
+        wave_tokens = 0
         for seg in head.segments:
             r = db._segment_reader(seg)
-            ptr = r.columns().block_ptr
-            for b0, b1 in _block_ranges(ptr, engine.piece_tokens):
-                lo, hi = int(ptr[b0]), int(ptr[b1])
-                meta[len(items)] = (r, lo, hi, b1 == len(ptr) - 1)
-                items.append({"piece": len(items), "payload": _pack_piece(
-                    {"tokens": np.ascontiguousarray(r.columns().tokens[lo:hi]),
-                     "block_ptr": (ptr[b0:b1 + 1] - lo).astype(np.int64)})})
-        writers: dict[int, _VectorWriter] = {}
-        ready: dict[int, dict] = {}
-        nxt = 0
+            if waves[-1] and wave_tokens + r.columns().n_tokens > engine.wave_chars // 4:
+                waves.append([])
+                wave_tokens = 0
+            waves[-1].append(r)
+            wave_tokens += r.columns().n_tokens
         runs = _Runs(engine, db, ctor)
         try:
-            with _ray_errors("re-embedding"):
-                for pid, out in runs.run(items):
-                    ready[pid] = out
-                    while nxt in ready:
-                        r, lo, hi, last = meta[nxt]
-                        res = ready.pop(nxt)
-                        nxt += 1
-                        w = writers.get(r.seg)
-                        if w is None:
-                            w = writers[r.seg] = _VectorWriter(db, r.seg, gen, ctor["codec"])
-                        w.append(r.columns().flags[lo:hi], res["stored"])
-                        if last:
-                            _index_refreshed(db, r, gen, writers.pop(r.seg),
-                                             new_info.hidden_size)
+            for readers in waves:
+                _refresh_wave(db, runs, readers, gen, ctor["codec"], new_info.hidden_size,
+                              engine.piece_tokens)
         finally:
             runs.close()
-        if nxt != len(items) or writers:
-            raise OperationalError("some re-embedded pieces never came back from Ray")
 
         def txn_fn(txn):  # as npmdb.generations.write_generation commits
             dbs = db.env.dbs
@@ -735,6 +756,40 @@ def write_generation(db: "Database", model: Any, *, steps: int = 0, tag: str | N
         vid = db.env.write(txn_fn)
         db.env.sync()
         return vid, gen
+
+
+def _refresh_wave(db: "Database", runs: _Runs, readers: list, gen: int, codec: str, dim: int,
+                  piece_tokens: int) -> None:
+    """Re-embed the segments ``readers`` (pieces of about ``piece_tokens`` block tokens);
+    each segment's vectors and dense indexes of generation ``gen`` are written in order."""
+    items: list[dict] = []
+    meta: dict[int, tuple[Any, int, int, bool]] = {}
+    for r in readers:
+        cols = r.columns()
+        ptr = cols.block_ptr
+        for b0, b1 in _block_ranges(ptr, piece_tokens):
+            lo, hi = int(ptr[b0]), int(ptr[b1])
+            meta[len(items)] = (r, lo, hi, b1 == len(ptr) - 1)
+            items.append({"piece": len(items), "payload": _pack_piece(
+                {"tokens": np.ascontiguousarray(cols.tokens[lo:hi]),
+                 "block_ptr": (ptr[b0:b1 + 1] - lo).astype(np.int64)})})
+    writers: dict[int, _VectorWriter] = {}
+    ready: dict[int, dict] = {}
+    nxt = 0
+    for pid, out in _guarded(runs.run(items), "re-embedding"):
+        ready[pid] = out
+        while nxt in ready:
+            r, lo, hi, last = meta[nxt]
+            res = ready.pop(nxt)
+            nxt += 1
+            w = writers.get(r.seg)
+            if w is None:
+                w = writers[r.seg] = _VectorWriter(db, r.seg, gen, codec)
+            w.append(r.columns().flags[lo:hi], res["stored"])
+            if last:
+                _index_refreshed(db, r, gen, writers.pop(r.seg), dim)
+    if nxt != len(items) or writers:
+        raise OperationalError("some re-embedded pieces never came back from Ray")
 
 
 def _block_ranges(ptr: np.ndarray, piece_tokens: int) -> Iterator[tuple[int, int]]:

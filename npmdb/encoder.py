@@ -230,8 +230,10 @@ class Encoder:
         input_ids = input_ids.to(self.device)
         attention_mask = attention_mask.to(self.device)
         ctx = torch.enable_grad() if grad else torch.inference_mode()
-        amp = (torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda"
-               else _nullcontext())
+        amp = _nullcontext()
+        if self.device.type == "cuda":  # bfloat16 where the GPU has it (Ampere+), else float16
+            dt = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+            amp = torch.autocast("cuda", dtype=dt)
         with ctx, amp:
             return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 

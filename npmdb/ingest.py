@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .encoder import Encoder
 
 __all__ = ["PreparedSegment", "prepare", "encode_and_store", "build_indexes", "ingest_segment",
-           "progress_bar"]
+           "progress_bar", "segment_codec"]
 
 
 def progress_bar(total: int, desc: str, enabled: bool | None, unit: str = "it"):
@@ -87,52 +87,99 @@ def prepare(encoder: "Encoder", docs: Sequence[Document], block_len: int,
                            np.asarray(ptr, dtype=np.int64), np.asarray(bdoc, dtype=np.int32))
 
 
+TRAIN_POINTS = 16384  # vectors a stateful codec (PQ) is trained on, from the first ones stored
+
+
+def segment_codec(db: "Database"):
+    """The database's vector codec: stateless, trained (PQ), or untrained (``PQSpec``)."""
+    return C.load_codec(db.env, db.config.get("codec", "float16"))
+
+
 def encode_and_store(db: "Database", encoder: "Encoder", prep: PreparedSegment, seg: int,
                      gen: int, progress: bool | None = None, window: int = 256
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Encode every block, write float16 (or codec) vector chunks to LMDB as they fill.
 
+    Each window of blocks is encoded by the codec once: its codes are what is stored, and
+    the decoded valid starts and ends (exactly as stored) are kept for the dense indexes.
+    A stateful codec not trained yet (PQ, on a new database) is trained on the first
+    ``TRAIN_POINTS`` vectors, and its state committed, before anything is stored with it.
+
     Returns the positions and float32 vectors of valid starts and of valid ends, for the
     dense indexes.
     """
-    codec = C.get_codec(db.config.get("codec", "float16"))
+    codec = segment_codec(db)
     n = len(prep.tokens)
     dim = encoder.hidden_size
-    buf = np.zeros((0, dim), dtype=np.float32)
-    written = 0  # tokens flushed
     start_pos = np.flatnonzero(prep.flags & VALID_START)
     end_pos = np.flatnonzero(prep.flags & VALID_END)
     start_vecs = np.empty((len(start_pos), dim), dtype=np.float16)
     end_vecs = np.empty((len(end_pos), dim), dtype=np.float16)
+    index_rows = np.zeros(n, dtype=bool)
+    index_rows[start_pos] = True
+    index_rows[end_pos] = True
     bar = progress_bar(n, "encode", progress, "tok")
-    pending: list[np.ndarray] = []
+    codes: list[np.ndarray] = []  # encoded rows not yet written (less than a chunk)
+    n_codes = 0
+    written = 0  # tokens flushed
+    waiting: list[tuple[int, np.ndarray]] = []  # (lo, float32 vectors) before codec training
 
     def flush(final: bool) -> None:
-        nonlocal buf, written
-        buf = np.concatenate([buf, *pending]) if pending else buf
-        pending.clear()
+        nonlocal codes, n_codes, written
+        if n_codes < CHUNK and not (final and n_codes):
+            return
+        buf = np.concatenate(codes) if len(codes) > 1 else codes[0]
         chunks = []
         while len(buf) >= CHUNK or (final and len(buf)):
             part, buf = buf[:CHUNK], buf[CHUNK:]
-            chunks.append((written // CHUNK, codec.encode(part)))
+            chunks.append((written // CHUNK, np.ascontiguousarray(part)))
             written += len(part)
+        codes, n_codes = ([buf] if len(buf) else []), len(buf)
         if chunks:
             db.env.write(lambda txn: [write_vector_chunk(txn, db.env.dbs, gen, seg, c, v)
                                       for c, v in chunks])
+
+    def store(lo: int, h: np.ndarray) -> None:
+        nonlocal n_codes
+        hi = lo + len(h)
+        stored = codec.encode(h)
+        codes.append(stored)
+        n_codes += len(stored)
+        # the dense indexes get the vectors exactly as stored (codec round trip)
+        need = np.flatnonzero(index_rows[lo:hi])
+        dec = codec.decode(stored[need]) if len(need) else np.zeros((0, dim), np.float32)
+        row_of = np.full(hi - lo, -1, dtype=np.int64)
+        row_of[need] = np.arange(len(need))
+        for pos, vecs in ((start_pos, start_vecs), (end_pos, end_vecs)):
+            a, z = np.searchsorted(pos, lo), np.searchsorted(pos, hi)
+            vecs[a:z] = dec[row_of[pos[a:z] - lo]]
+        flush(False)
+
+    def train(final: bool) -> None:
+        nonlocal codec, waiting
+        have = sum(len(h) for _, h in waiting)
+        if have == 0 or (have < TRAIN_POINTS and not final):
+            return
+        codec = codec.train(np.concatenate([h for _, h in waiting]))
+        db.env.write(lambda txn: C.save_codec_state(txn, db.env.dbs, codec))
+        for lo, h in waiting:
+            store(lo, h)
+        waiting = []
 
     for b0 in range(0, prep.n_blocks, window):
         b1 = min(b0 + window, prep.n_blocks)
         hidden = encoder.encode_blocks([prep.block(b) for b in range(b0, b1)])
         lo, hi = int(prep.block_ptr[b0]), int(prep.block_ptr[b1])
         h = np.concatenate(hidden) if hidden else np.zeros((0, dim), np.float32)
-        # keep the vectors the dense indexes need, exactly as stored (codec round trip)
-        stored = codec.decode(codec.encode(h)) if len(h) else h
-        for pos, vecs in ((start_pos, start_vecs), (end_pos, end_vecs)):
-            a, z = np.searchsorted(pos, lo), np.searchsorted(pos, hi)
-            vecs[a:z] = stored[pos[a:z] - lo]
-        pending.append(h)
-        flush(False)
+        if len(h):
+            if isinstance(codec, C.PQSpec):
+                waiting.append((lo, h))
+                train(False)
+            else:
+                store(lo, h)
         bar.update(hi - lo)
+    if isinstance(codec, C.PQSpec):
+        train(True)
     flush(True)
     bar.close()
     return start_pos, start_vecs, end_pos, end_vecs
@@ -203,5 +250,5 @@ def ingest_segment(db: "Database", seg: int, gen: int, docs: list[Document]) -> 
         raise
     return {"id": seg, "docs": len(prep.docs), "blocks": prep.n_blocks,
             "tokens": int(len(prep.tokens)), "dim": encoder.hidden_size,
-            "codec": db.config.get("codec", "float16"), "dense": db.config.get("dense", "hnsw"),
+            "codec": segment_codec(db).name, "dense": db.config.get("dense", "hnsw"),
             "gens": [gen], "created": time.time(), "seconds": round(time.time() - t0, 3)}

@@ -96,6 +96,24 @@ class Operator:
         raise NotImplementedError
 
 
+_POOL = None
+
+
+def per_segment(fn: Callable[[int], Any], n: int) -> list:
+    """``[fn(si) for si in range(n)]``, in a thread pool when there are several segments
+    (hnswlib and tantivy release the GIL); results stay in segment order."""
+    global _POOL
+    if n <= 1:
+        return [fn(si) for si in range(n)]
+    if _POOL is None:
+        import os
+        from concurrent.futures import ThreadPoolExecutor
+
+        size = int(os.environ.get("NPMDB_SEGMENT_THREADS", "0")) or min(8, os.cpu_count() or 1)
+        _POOL = ThreadPoolExecutor(size, thread_name_prefix="npmdb-seg")
+    return list(_POOL.map(fn, range(n)))
+
+
 def _fmt(**kw) -> str:
     return ", ".join(f"{k}={v}" for k, v in kw.items())
 
@@ -163,22 +181,30 @@ class DenseTopK(Operator):
         snap = st.snapshot
         q = _query_vector(st, self.side)
         sides = ("start", "end") if self.side == "token" else (self.side,)
-        found = []
+        # serial: document filters may read documents through the snapshot's transaction
+        allowed = [snap.allowed_docs(si) for si in range(len(snap.segments))]
         for si, seg in enumerate(snap.segments):
-            allowed = snap.allowed_docs(si)
+            if allowed[si] is not None:
+                seg.columns(snap.txn)
+
+        def one(si: int) -> list:
+            seg, out = snap.segments[si], []
             for side in sides:
                 idx = seg.dense(snap.generation, side)
                 want = self.k
                 while True:
                     labels, scores = idx.search(q, want)
-                    if allowed is not None and len(labels):
-                        keep = allowed[seg.columns().doc_of(labels)]
+                    if allowed[si] is not None and len(labels):
+                        keep = allowed[si][seg.columns().doc_of(labels)]
                         labels, scores = labels[keep], scores[keep]
                     # oversample until k live candidates are found or the index is exhausted
                     if len(labels) >= self.k or want >= len(idx):
                         break
                     want = min(len(idx), want * 4)
-                found.append((si, labels[: self.k], scores[: self.k]))
+                out.append((si, labels[: self.k], scores[: self.k]))
+            return out
+
+        found = [f for part in per_segment(one, len(snap.segments)) for f in part]
         return _merge_topk(st, self.side, found, self.k)
 
 
@@ -231,15 +257,18 @@ class BM25Blocks(Operator):
         # one segment: tantivy's own statistics; several: global IDFs, as one big index
         idf = global_idf([s.bm25() for s in snap.segments], terms) \
             if len(snap.segments) > 1 else None
-        hits = []
-        for si, seg in enumerate(snap.segments):
-            allowed = snap.allowed_docs(si)
-            docs = None if allowed is None else np.flatnonzero(allowed)
+        allowed = [snap.allowed_docs(si) for si in range(len(snap.segments))]
+        limits = [min(self.n, len(seg.columns(snap.txn).block_ptr) - 1)  # tantivy panics on
+                  for seg in snap.segments]                            # huge limits
+
+        def one(si: int) -> list:
+            docs = None if allowed[si] is None else np.flatnonzero(allowed[si])
             if docs is not None and len(docs) == 0:
-                continue
-            limit = min(self.n, len(seg.columns().block_ptr) - 1)  # tantivy panics on huge limits
-            for block, _doc, score in seg.bm25().search(terms, limit, docs=docs, idf=idf):
-                hits.append((si, block, score))
+                return []
+            return [(si, block, score) for block, _doc, score in
+                    snap.segments[si].bm25().search(terms, limits[si], docs=docs, idf=idf)]
+
+        hits = [h for part in per_segment(one, len(snap.segments)) for h in part]
         hits.sort(key=lambda h: (-h[2], h[0], h[1]))
         st.blocks = hits[: self.n]
         return len(st.blocks)

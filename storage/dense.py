@@ -23,7 +23,7 @@ import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 
@@ -112,13 +112,13 @@ class GpuFlat:
         self.labels = np.asarray(labels, dtype=np.int64)  # GPU rows are 0..n-1
 
     @classmethod
-    def attach(cls, vectors: np.ndarray, labels: np.ndarray, what: str,
+    def attach(cls, stored: Callable[[], tuple[np.ndarray, np.ndarray]], what: str,
                device: int = 0) -> "GpuFlat | None":
-        """A GPU copy, or None (and a warning) when it cannot be made (e.g. GPU memory)."""
-        if len(labels) == 0:
-            return None
+        """A GPU copy of ``stored()`` (labels, vectors), or None (and a warning) when it
+        cannot be made (GPU memory, CUDA errors, an index that cannot give its vectors)."""
         try:
-            return cls(vectors, labels, device)
+            labels, vectors = stored()
+            return cls(vectors, labels, device) if len(labels) else None
         except Exception as exc:  # noqa: BLE001 - out of GPU memory, CUDA errors
             warnings.warn(f"npmdb: searching the {what} index on the CPU: cannot copy it to "
                           f"GPU {device}: {exc}", RuntimeWarning, stacklevel=3)
@@ -173,10 +173,14 @@ class HnswIndex:
             raise OperationalError(f"cannot load the dense index {path}: {exc}") from exc
         obj = cls(idx, params)
         if _want_gpu(params) and len(obj):
-            labels = np.asarray(idx.get_ids_list(), dtype=np.int64)
-            vecs = np.asarray(idx.get_items(labels, return_type="numpy"), dtype=np.float32)
-            obj.gpu = GpuFlat.attach(vecs, labels, str(path), params.gpu_device)
+            obj.gpu = GpuFlat.attach(obj.stored, str(path), params.gpu_device)
         return obj
+
+    def stored(self) -> tuple[np.ndarray, np.ndarray]:
+        """Labels and vectors held by the index."""
+        labels = np.asarray(self.index.get_ids_list(), dtype=np.int64)
+        vecs = np.asarray(self.index.get_items(labels, return_type="numpy"), dtype=np.float32)
+        return labels, vecs.reshape(len(labels), -1)
 
     @property
     def on_gpu(self) -> bool:
@@ -244,8 +248,7 @@ class FaissIndex:
             raise OperationalError(f"cannot load the dense index {path}: {exc}") from exc
         obj = cls(idx, kind, params)
         if _want_gpu(params) and len(obj):
-            labels, vecs = obj.stored()
-            obj.gpu = GpuFlat.attach(vecs, labels, str(path), params.gpu_device)
+            obj.gpu = GpuFlat.attach(obj.stored, str(path), params.gpu_device)
         return obj
 
     def stored(self) -> tuple[np.ndarray, np.ndarray]:

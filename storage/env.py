@@ -53,8 +53,26 @@ class _Gate:
             self.live += 1
         self.mine.n = mine + 1
 
+    def push(self, txn) -> None:
+        stack = getattr(self.mine, "txns", None)
+        if stack is None:
+            stack = self.mine.txns = []
+        stack.append(txn)
+
+    def pop(self, txn) -> None:
+        stack = getattr(self.mine, "txns", None) or []
+        for i in range(len(stack) - 1, -1, -1):  # generators may close out of order
+            if stack[i] is txn:
+                del stack[i]
+                break
+
+    def outer(self):
+        """This thread's innermost open read transaction, if any."""
+        stack = getattr(self.mine, "txns", None)
+        return stack[-1] if stack else None
+
     def leave(self) -> None:
-        self.mine.n -= 1
+        self.mine.n = getattr(self.mine, "n", 1) - 1
         with self.cond:
             self.live -= 1
             if self.live == 0:
@@ -161,22 +179,35 @@ class Env:
         gate = self._gate
         gate.enter()
         try:
+            borrowed = False
             try:
                 txn = self.env.begin(buffers=buffers)
             except lmdb.MapResizedError:
-                gate.leave()
-                try:
-                    self._resize(0)  # another process grew the map: adopt its size
-                finally:
-                    gate.enter()
-                txn = self.env.begin(buffers=buffers)
+                outer = gate.outer()
+                if outer is not None:
+                    # Another process grew the file past this process's map while this
+                    # thread holds a snapshot, which a remap would invalidate. A nested
+                    # read (segment columns, generation records, checksums: data that
+                    # snapshot already references) is served from that snapshot.
+                    txn, borrowed = outer, True
+                else:
+                    gate.leave()
+                    try:
+                        self._resize(0)  # another process grew the map: adopt its size
+                    finally:
+                        gate.enter()
+                    txn = self.env.begin(buffers=buffers)
+            if not borrowed:
+                gate.push(txn)
             try:
                 yield txn
             except lmdb.Error as exc:
                 raise OperationalError(f"LMDB read failed in {self.path}: {exc} (run "
                                        f"`npmdb check {self.path}`)") from exc
             finally:
-                txn.abort()
+                if not borrowed:
+                    gate.pop(txn)
+                    txn.abort()
         finally:
             gate.leave()
 

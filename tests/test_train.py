@@ -79,6 +79,41 @@ def test_neighbour_grouping_masks_more_than_random(tiny_db):
     assert nb > 1.3 * rnd, (nb, rnd)
 
 
+def _words(tokens, flags):
+    from npmdb.boundaries import WORD_START
+    starts = np.flatnonzero((flags & WORD_START) != 0).tolist()
+    if not starts or starts[0] != 0:
+        starts = [0] + starts
+    ends = starts[1:] + [len(tokens)]
+    return [(a, e, tuple(tokens[a:e].tolist())) for a, e in zip(starts, ends)]
+
+
+def test_exclude_repeats_never_masks_a_visible_copy(tiny_db):
+    corpus = load_blocks(tiny_db)
+    enc = tiny_db.encoder
+    sampler = BatchSampler(corpus, batch_blocks=16, seed=2)
+    rng = np.random.default_rng(0)
+    total = 0
+    for _ in range(6):
+        blocks = sampler.next_batch(rng)
+        toks, ws, we, docs = sampler.arrays(blocks, exclude_repeats=True)
+        mb = mask_spans(toks, ws, we, docs, mask_id=enc.mask_id, cls_id=enc.cls_id,
+                        sep_id=enc.sep_id, pad_id=enc.pad_id, rng=rng,
+                        boundary_positives=False)
+        total += mb.num_spans
+        for i in range(mb.num_spans):
+            b, s0, n = int(mb.block[i]), int(mb.span_start[i]), int(mb.span_len[i])
+            words = _words(toks[b], corpus.block_flags(blocks[b]))
+            counts: dict = {}
+            for _, _, w in words:
+                counts[w] = counts.get(w, 0) + 1
+            first = next(w for a, e, w in words if a <= s0 < e)
+            last = next(w for a, e, w in words if a <= s0 + n - 1 < e)
+            assert counts[first] == 1 and counts[last] == 1
+            assert mb.positives(i)  # still has positives in other blocks
+    assert total > 0
+
+
 def test_sampler_state_round_trip(tiny_db):
     corpus = load_blocks(tiny_db)
     a = BatchSampler(corpus, batch_blocks=8, seed=3)

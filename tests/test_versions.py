@@ -306,3 +306,24 @@ def test_readers_in_other_processes_never_see_errors_or_torn_versions(tmp_path, 
     for served, errors, versions in results:
         assert not errors, errors[:3]
         assert served > 0
+
+
+def test_parallel_segment_search_equals_serial(tmp_path, tiny_encoder, sample_corpus,
+                                               sample_cloze, monkeypatch):
+    """Per-segment ANN and BM25 searches run in a thread pool; results are identical to
+    running them one segment after another."""
+    from npmdb.query import operators
+
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:
+        for i in range(0, 200, 40):
+            db.add(sample_corpus[i:i + 40])
+        queries = [c["query"] for c in sample_cloze[:10]]
+        runs = []
+        for serial in (False, True):
+            if serial:
+                monkeypatch.setattr(operators, "per_segment",
+                                    lambda fn, n: [fn(si) for si in range(n)])
+            runs.append([_answers(db.fill_mask(q, retrieval=r, mode=m, k=128, top=10))
+                         for q in queries for r in ("dense", "bm25", "hybrid")
+                         for m in ("phrase", "token")])
+        assert runs[0] == runs[1]

@@ -324,21 +324,54 @@ class BatchSampler:
                 self.stats.blocks += 1
                 setattr(self.stats, kind, getattr(self.stats, kind) + 1)
 
-    def arrays(self, blocks: list[int], *, clean_edges: bool = True
+    def arrays(self, blocks: list[int], *, clean_edges: bool = True,
+               exclude_repeats: bool = False
                ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], list[int]]:
         """``(token ids, word_start, word_end, doc)`` of ``blocks`` for the masking.
 
         With ``clean_edges`` spans may only start/end where a retrieved phrase can
         (``VALID_START``/``VALID_END``: no stopword or punctuation at either edge);
-        otherwise at any word boundary.
+        otherwise at any word boundary. With ``exclude_repeats`` a word that occurs more
+        than once in its block can neither start nor end a masked span (so the answer to
+        a masked span is never a copy of a word left visible in its own context; pair
+        this with ``boundary_positives=False`` in the masking, since these flags also
+        decide which occurrences count as positives).
         """
         c = self.corpus
         s_bit, e_bit = (VALID_START, VALID_END) if clean_edges else (WORD_START, WORD_END)
         toks, ws, we, docs = [], [], [], []
         for b in blocks:
             f = c.block_flags(b)
-            toks.append(c.block(b).astype(np.int64))
-            ws.append((f & s_bit) != 0)
-            we.append((f & e_bit) != 0)
+            t = c.block(b).astype(np.int64)
+            st = (f & s_bit) != 0
+            en = (f & e_bit) != 0
+            if exclude_repeats:
+                st, en = _drop_repeated_words(t, f, st, en)
+            toks.append(t)
+            ws.append(st)
+            we.append(en)
             docs.append(int(c.doc[b]))
         return toks, ws, we, docs
+
+
+def _drop_repeated_words(tokens: np.ndarray, flags: np.ndarray, st: np.ndarray,
+                         en: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Clear start/end flags on every occurrence of a word that occurs twice or more."""
+    n = len(tokens)
+    if n < 2:
+        return st, en
+    wstart = (flags & WORD_START) != 0
+    wstart[0] = True
+    starts = np.flatnonzero(wstart)
+    ends = np.append(starts[1:], n)
+    seen: dict[tuple[int, ...], list[int]] = {}
+    for i, (a, e) in enumerate(zip(starts.tolist(), ends.tolist())):
+        seen.setdefault(tuple(tokens[a:e].tolist()), []).append(i)
+    rep = [i for occ in seen.values() if len(occ) > 1 for i in occ]
+    if not rep:
+        return st, en
+    st, en = st.copy(), en.copy()
+    for i in rep:
+        st[starts[i]:ends[i]] = False
+        en[starts[i]:ends[i]] = False
+    return st, en

@@ -65,14 +65,15 @@ PRESETS: dict[str, dict[str, Any]] = {
     # NPM-like defaults (the signature): small learning rate, 16 blocks.
     "default": dict(batch_blocks=16, lr=3e-5, group_size=8, warmup=0.06,
                     weight_decay=0.01, max_grad_norm=1.0, mask_ratio=0.15,
-                    target_grad=True, freeze_embeddings=False),
+                    target_grad=True, freeze_embeddings=False, exclude_repeats=False),
     # The recipe tuned on the bundled dev-small corpus with all-MiniLM-L6-v2 on 2 CPU
     # cores (<= 30 min with refreshes); see the README/report for its numbers.
     "demo": dict(steps=600, batch_blocks=32, lr=1e-4, group_size=8, warmup=0.06,
                  weight_decay=0.01, max_grad_norm=1.0, mask_ratio=0.15),
 }
 _PRESET_KEYS = ("steps", "batch_blocks", "lr", "group_size", "warmup", "weight_decay",
-                "max_grad_norm", "mask_ratio", "target_grad", "freeze_embeddings")
+                "max_grad_norm", "mask_ratio", "target_grad", "freeze_embeddings",
+                "exclude_repeats")
 
 
 # --------------------------------------------------------------------------- report
@@ -498,9 +499,11 @@ def train(
     grad_cache: bool = False,
     target_grad: bool | None = None,
     freeze_embeddings: bool | None = None,
+    exclude_repeats: bool | None = None,
     chunk_tokens: int = 4096,
     loss_chunk: int | None = None,
     device: str | None = None,
+    threads: int | None = None,
     progress: bool | None = None,
     tag_prefix: str = "train-step-",
     log_every: int = 0,
@@ -539,6 +542,15 @@ def train(
         clean_edges: mask only spans whose edges are valid phrase edges (no stopword or
             punctuation at either end) — the spans retrieval can return; False: any
             word-aligned span, as in NPM.
+        exclude_repeats: never mask a span that starts or ends on a word occurring twice
+            or more in its own block, so the answer is never a copy of a word left visible
+            in the context (cloze-style fact queries never ask for a word the query already
+            names); positives then count every occurrence in the other blocks.
+        target_grad: back-propagate through the unmasked (candidate) encodings too, as
+            NPM does (default); False encodes them without a graph (about a third
+            cheaper).
+        freeze_embeddings: keep the word-embedding matrix fixed (saves the optimizer
+            work on the largest tensor).
         grad_cache: compute the step in chunks of ``chunk_tokens`` (padded) tokens with a
             cache of the hidden states (GradCache), so the batch can be larger than
             activation memory allows; exact up to rounding.
@@ -546,6 +558,9 @@ def train(
         loss_chunk: candidates per chunk of the loss's denominator (memory bound).
         device: ``"cpu"``, ``"cuda"``…; default: CUDA when available (bfloat16 mixed
             precision there), else CPU.
+        threads: torch CPU threads (``torch.set_num_threads``, process-wide); default
+            ``os.cpu_count()``. On a machine shared with other busy processes, 1 is often
+            faster (threads waiting on a descheduled peer spin).
         progress: show a progress bar (loss, steps/s, masked spans per batch); default:
             the database's setting, else when stderr is a terminal.
         tag_prefix: generations are tagged ``f"{tag_prefix}{step}"``.
@@ -584,7 +599,7 @@ def train(
     explicit = dict(steps=steps, batch_blocks=batch_blocks, lr=lr, group_size=group_size,
                     warmup=warmup, weight_decay=weight_decay, max_grad_norm=max_grad_norm,
                     mask_ratio=mask_ratio, target_grad=target_grad,
-                    freeze_embeddings=freeze_embeddings)
+                    freeze_embeddings=freeze_embeddings, exclude_repeats=exclude_repeats)
     hp: dict[str, Any] = dict(PRESETS["default"])
     hp["steps"] = None
     if saved is not None:
@@ -605,6 +620,7 @@ def train(
     mask_ratio = _check_float("mask_ratio", hp["mask_ratio"], 0.0, 1.0, lo_open=True)
     target_grad = bool(hp["target_grad"])
     freeze_embeddings = bool(hp["freeze_embeddings"])
+    exclude_repeats = bool(hp["exclude_repeats"])
     if saved is not None:
         s = saved[0]
         objective, seed = s["objective"], int(s["seed"])
@@ -621,6 +637,8 @@ def train(
     log_every = _check_int("log_every", log_every, 0)
     if loss_chunk is not None:
         loss_chunk = _check_int("loss_chunk", loss_chunk, 1)
+    if threads is not None:
+        threads = _check_int("threads", threads, 1)
     if not isinstance(tag_prefix, str):
         raise ProgrammingError("tag_prefix must be a string")
     start_step = int(saved[0]["step"]) if saved is not None else 0
@@ -644,7 +662,7 @@ def train(
         sampler.load_state(saved[0]["sampler"])
 
     # ---- model
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    torch.set_num_threads(threads or max(1, os.cpu_count() or 1))
     dev = torch.device(device) if device else torch.device(
         "cuda" if torch.cuda.is_available() else "cpu")
     start_gen = int(saved[0]["generation"]) if saved is not None else corpus.generation
@@ -677,7 +695,7 @@ def train(
                  weight_decay=weight_decay, max_grad_norm=max_grad_norm,
                  mask_ratio=mask_ratio, grouping=grouping, clean_edges=clean_edges,
                  max_span_len=max_span_len, target_grad=target_grad,
-                 freeze_embeddings=freeze_embeddings)
+                 freeze_embeddings=freeze_embeddings, exclude_repeats=exclude_repeats)
 
     # ---- loop state
     losses: list[float] = []
@@ -725,12 +743,14 @@ def train(
             mb = None
             for _attempt in range(8):
                 blocks = sampler.next_batch(rng)
-                toks, ws, we, docs = sampler.arrays(blocks, clean_edges=clean_edges)
+                toks, ws, we, docs = sampler.arrays(blocks, clean_edges=clean_edges,
+                                                    exclude_repeats=exclude_repeats)
                 if objective == "phrase":
                     mb = mask_spans(toks, ws, we, docs, mask_id=mask_id, cls_id=cls_id,
                                     sep_id=sep_id, pad_id=pad_id, rng=rng,
                                     mask_ratio=mask_ratio, max_span_len=max_span_len,
-                                    max_length=max_length)
+                                    max_length=max_length,
+                                    boundary_positives=not exclude_repeats)
                 else:
                     mb = mask_tokens(toks, ws, we, docs, mask_id=mask_id, cls_id=cls_id,
                                      sep_id=sep_id, pad_id=pad_id, rng=rng,

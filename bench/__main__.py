@@ -1,0 +1,273 @@
+"""The benchmark suite: ``python -m bench`` (or ``make bench``).
+
+    python -m bench                                   # ../shared/data/dev, the full run (< 1 h, 2 cores)
+    python -m bench --data npmdb/data/dev-small --quick   # a few minutes: proves the suite runs
+
+Steps (each prints progress; a failing step is recorded and the run goes on):
+
+1. main database: built from the data's corpus in one ``add`` (float16, HNSW) unless
+   ``bench/work/<data>-main.npmdb`` already holds it; build time per stage.
+2. latency: fill_mask p50/p99 per retrieval (dense, bm25, hybrid), mode (phrase, token)
+   and k (64, 256, 1024, 4096); median ms per operator; open time.
+3. ingest: ``add`` tokens/s against the encoder alone on the same documents.
+4. ann: recall@k of HNSW against exact search, recall/speed per ef, EM difference.
+5. codecs: bytes per token and EM / top-1 agreement per codec (float16, int8, pq, pq48).
+6. peers: the LanceDB comparison (same vectors, same queries, answers checked).
+7. growth: latency at 10%, 30%, 100% of the corpus.
+8. report: ``bench/results/bench-<data>.json``, ``BENCHMARKS.md`` and PNG plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from .common import RESULTS, load_jsonl, machine
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_DATA = ROOT.parent / "shared" / "data" / "dev"
+STEPS = ("main", "latency", "ingest", "ann", "codecs", "peers", "growth")
+_T0 = time.perf_counter()
+
+
+def log(msg: str) -> None:
+    m, s = divmod(time.perf_counter() - _T0, 60)
+    print(f"[{int(m):3d}:{s:04.1f}] {msg}", file=sys.stderr, flush=True)
+
+
+def _timed_ingest_stages(stages: dict):
+    """Wrap the ingest stage functions to time them (restored by the returned undo)."""
+    from npmdb import ingest as I
+
+    saved = {}
+    for name in ("prepare", "encode_and_store", "store_documents", "build_indexes"):
+        fn = getattr(I, name, None)
+        if fn is None:
+            continue
+        saved[name] = fn
+
+        def wrapped(*a, __fn=fn, __name=name, **k):
+            t0 = time.perf_counter()
+            try:
+                return __fn(*a, **k)
+            finally:
+                stages[__name] = stages.get(__name, 0.0) + time.perf_counter() - t0
+        setattr(I, name, wrapped)
+    return lambda: [setattr(I, n, f) for n, f in saved.items()]
+
+
+def _usable(path: Path) -> bool:
+    import npmdb
+
+    try:
+        with npmdb.open(path, readonly=True, progress=False) as db:
+            if db.count() == 0 or db.stats()["segments"] != 1:
+                return False
+            db.fill_mask("The capital of France is [MASK].", retrieval="bm25", top=1)
+            return True
+    except Exception as exc:  # noqa: BLE001 - an old or damaged database is rebuilt
+        log(f"  {path.name} is not usable ({type(exc).__name__}: {exc}); rebuilding")
+        return False
+
+
+def ensure_main_db(data: Path, work: Path, info: dict | None = None, encoder=None) -> Path:
+    """The main database (float16, HNSW, one segment) for ``data``; built when missing."""
+    import npmdb
+
+    path = work / f"{data.name}-main.npmdb"
+    work.mkdir(parents=True, exist_ok=True)
+    if (path / "data.mdb").exists() and _usable(path):
+        log(f"main database {path} reused")
+        if info is not None:
+            info.update({"path": str(path), "reused": True})
+        return path
+    shutil.rmtree(path, ignore_errors=True)
+    docs = load_jsonl(data / "corpus.jsonl.gz")
+    log(f"building the main database {path} from {len(docs)} documents …")
+    stages: dict = {}
+    with npmdb.open(path, encoder=encoder, progress=sys.stderr.isatty()) as db:
+        db.encoder_for(0)
+        undo = _timed_ingest_stages(stages)
+        t0 = time.perf_counter()
+        try:
+            db.add(docs)
+        finally:
+            undo()
+        secs = time.perf_counter() - t0
+        tokens = int(db.stats()["tokens"])
+    log(f"  {tokens} tokens in {secs:.0f} s ({tokens / secs:.0f} tok/s); stages: "
+        + ", ".join(f"{k} {v:.0f} s" for k, v in stages.items()))
+    if info is not None:
+        info.update({"path": str(path), "reused": False, "seconds": secs, "tokens": tokens,
+                     "tok_s": tokens / secs, "stages_s": stages})
+    return path
+
+
+def step_latency(main_db: Path, data: Path, *, queries: int, ks, out: dict,
+                 cold: bool = True) -> None:
+    import npmdb
+
+    from .latency import open_time, stage_breakdown, time_queries
+
+    texts = [r["query"] for r in load_jsonl(data / "cloze.jsonl")][:queries]
+    out["open_ms"] = open_time(main_db)
+    out["open_cold"] = cold_open(main_db) if cold else {}
+    if cold:
+        log(f"  open: p50 {out['open_ms']['p50']:.1f} ms in a warm process; in a new process "
+            f"{out['open_cold']['open_ms']:.0f} ms (+ {out['open_cold']['import_ms']:.0f} ms "
+            "to import npmdb)")
+    out["latency"], out["breakdown"] = [], {}
+    with npmdb.open(main_db, readonly=True, progress=False) as db:
+        out["stats"] = {k: v for k, v in db.stats().items() if k != "config"}
+        for retrieval in ("dense", "bm25", "hybrid"):
+            for mode in ("phrase", "token"):
+                for k in (ks if retrieval != "bm25" else [1024]):
+                    r = time_queries(db, texts, retrieval=retrieval, mode=mode, k=k)
+                    row = {"retrieval": retrieval, "mode": mode,
+                           "k": k if retrieval != "bm25" else None, **r}
+                    out["latency"].append(row)
+                    log(f"  {retrieval:>6} {mode:>6} k={row['k']}: p50 {r['p50']:.1f} ms, "
+                        f"p99 {r['p99']:.1f} ms")
+        for retrieval in ("dense", "bm25", "hybrid"):
+            out["breakdown"][retrieval] = stage_breakdown(db, texts[:50], retrieval=retrieval,
+                                                          k=1024)
+            log(f"  stages ({retrieval}, k=1024): " + ", ".join(
+                f"{k} {v:.1f}" for k, v in out["breakdown"][retrieval].items()))
+
+
+def cold_open(path: Path) -> dict:
+    """``npmdb.open`` in a fresh interpreter: the import, then the open (its lazy imports
+    included), then the first bm25 query (encoder load included)."""
+    import subprocess
+
+    code = ("import time, json, sys\n"
+            "t0 = time.perf_counter(); import npmdb; t1 = time.perf_counter()\n"
+            "db = npmdb.open(sys.argv[1], readonly=True, progress=False); t2 = time.perf_counter()\n"
+            "db.fill_mask('The capital of France is [MASK].', retrieval='bm25')\n"
+            "t3 = time.perf_counter()\n"
+            "print(json.dumps({'import_ms': 1e3 * (t1 - t0), 'open_ms': 1e3 * (t2 - t1),"
+            " 'first_query_ms': 1e3 * (t3 - t2)}))\n")
+    try:
+        r = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
+                           text=True, timeout=600, cwd=ROOT)
+        return json.loads(r.stdout.strip().splitlines()[-1])
+    except Exception as exc:  # noqa: BLE001 - reported, not fatal
+        return {"error": str(exc), "import_ms": float("nan"), "open_ms": float("nan"),
+                "first_query_ms": float("nan")}
+
+
+def step_ingest(data: Path, *, docs: int, out: dict, encoder=None) -> None:
+    from .latency import ingest
+
+    sample = load_jsonl(data / "corpus.jsonl.gz")[:docs]
+    out.update(ingest(sample, encoder=encoder))
+    log(f"  add {out['add_tok_s']:.0f} tok/s, encoder alone {out['encoder_tok_s']:.0f} tok/s "
+        f"(ratio {out['ratio']:.2f}) on {out['tokens']} tokens")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    ap.add_argument("--work", type=Path, default=ROOT / "bench" / "work")
+    ap.add_argument("--quick", action="store_true",
+                    help="fewer queries, k and codecs: a few minutes on dev-small")
+    ap.add_argument("--only", default="", help=f"comma-separated steps of {','.join(STEPS)}")
+    ap.add_argument("--skip", default="", help="comma-separated steps to skip")
+    ap.add_argument("--queries", type=int, default=None, help="latency queries per setting")
+    ap.add_argument("--lance-index", default="none", choices=("none", "ivf_pq"))
+    ap.add_argument("--no-report", action="store_true", help="do not rewrite BENCHMARKS.md")
+    ap.add_argument("--smoke", action="store_true", help="a few queries of everything (tests)")
+    ap.add_argument("--encoder", default=None, help="encoder directory for a new main database")
+    ap.add_argument("--results", type=Path, default=RESULTS, help="where the JSON goes")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("RUST_LOG", "error")  # LanceDB's deprecation chatter
+
+    if not (args.data / "corpus.jsonl.gz").exists():
+        ap.error(f"no corpus at {args.data} (pass --data DIR)")
+    quick = args.quick
+    q = args.queries or (30 if quick else 100)
+    cfg = {"queries": q, "ks": [64, 1024] if quick else [64, 256, 1024, 4096],
+           "ingest_docs": 1000 if quick else 1500, "ann_queries": 30 if quick else 100,
+           "ann_ks": [64, 256, 1024, 4096], "em_queries": 40 if quick else 150,
+           "codecs": ["float16", "int8", "pq"] if quick else ["float16", "int8", "pq", "pq48"],
+           "codec_queries": 40 if quick else 200, "peer_queries": 20 if quick else 100,
+           "growth_queries": 30 if quick else 100}
+    if args.smoke:
+        q = args.queries or 3
+        cfg.update(queries=q, ks=[8, 64], ingest_docs=40, ann_queries=3, ann_ks=[8, 64],
+                   em_queries=3, codecs=["float16", "int8", "pq"], codec_queries=3,
+                   peer_queries=3, growth_queries=3)
+    steps = [s for s in (args.only.split(",") if args.only else STEPS) if s]
+    steps = [s for s in steps if s not in args.skip.split(",")]
+    name = f"bench-{args.data.name}" + ("-smoke" if args.smoke else "-quick" if quick else "")
+    path = args.results / f"{name}.json"
+    results: dict = {"data": str(args.data), "quick": quick, "config": cfg, "machine": machine(),
+                     "steps": {}, "errors": {}}
+    if path.exists() and args.only:  # a partial re-run keeps the other steps' results
+        old = json.loads(path.read_text())
+        results["steps"] = old.get("steps", {})
+
+    def save() -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(results, indent=1, ensure_ascii=False, default=float))
+
+    log(f"npmdb benchmarks on {args.data} ({'quick' if quick else 'full'}): steps {', '.join(steps)}")
+    info: dict = {}
+    main_db = ensure_main_db(args.data, args.work, info, encoder=args.encoder)
+    results["steps"]["main"] = info
+    save()
+    from . import ann, codecs, growth, peers
+
+    runners = {
+        "latency": lambda out: step_latency(main_db, args.data, queries=q, ks=cfg["ks"], out=out,
+                                              cold=not args.smoke),
+        "ingest": lambda out: step_ingest(args.data, docs=cfg["ingest_docs"], out=out,
+                                          encoder=args.encoder),
+        "ann": lambda out: out.update(ann.run(main_db, args.data, queries=cfg["ann_queries"],
+                                              em_queries=cfg["em_queries"], ks=cfg["ann_ks"],
+                                              log=log)),
+        "codecs": lambda out: out.update(codecs.run(main_db, args.data, args.work,
+                                                    codecs=cfg["codecs"],
+                                                    queries=cfg["codec_queries"], log=log)),
+        "peers": lambda out: out.update(peers.run(main_db, args.data, args.work,
+                                                  queries=cfg["peer_queries"],
+                                                  index=args.lance_index, log=log)),
+        "growth": lambda out: out.update(growth.run(main_db, args.data, args.work,
+                                                    queries=cfg["growth_queries"], log=log)),
+    }
+    for step in steps:
+        if step == "main":
+            continue
+        log(f"== {step} ==")
+        t0 = time.perf_counter()
+        out: dict = {}
+        try:
+            runners[step](out)
+            results["errors"].pop(step, None)
+        except Exception as exc:  # noqa: BLE001 - record, go on with the other steps
+            log(f"  {step} FAILED: {type(exc).__name__}: {exc}")
+            results["errors"][step] = traceback.format_exc()
+        out["seconds"] = time.perf_counter() - t0
+        results["steps"][step] = out
+        save()
+        log(f"  {step} done in {out['seconds']:.0f} s")
+    results["total_s"] = time.perf_counter() - _T0
+    save()
+    if not args.no_report:
+        from . import report
+
+        md = report.write(results, name, results_dir=args.results)
+        log(f"wrote {path}, {md} and plots under {RESULTS}")
+    log(f"total {results['total_s'] / 60:.1f} min")
+    return 1 if results["errors"] else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

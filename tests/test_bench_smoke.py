@@ -1,0 +1,67 @@
+"""A tiny run of the whole benchmark suite (``python -m bench --smoke``) so that the bench
+code cannot rot: a 300-document corpus, the tiny random encoder, three queries a step."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SAMPLE = Path(__file__).resolve().parent.parent / "npmdb" / "data" / "dev-small"
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory, sample_corpus) -> Path:
+    d = tmp_path_factory.mktemp("bench-data") / "tiny"
+    d.mkdir()
+    with gzip.open(d / "corpus.jsonl.gz", "wt", encoding="utf-8") as fh:
+        for doc in sample_corpus[:300]:
+            fh.write(json.dumps(doc) + "\n")
+    lines = (SAMPLE / "cloze.jsonl").read_text(encoding="utf-8").splitlines()[:8]
+    (d / "cloze.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return d
+
+
+def test_bench_suite_smoke(tiny_data, tiny_encoder, tmp_path):
+    from bench.__main__ import main
+
+    args = ["--data", str(tiny_data), "--work", str(tmp_path / "work"), "--smoke",
+            "--encoder", str(tiny_encoder), "--results", str(tmp_path / "results")]
+    have_lance = importlib.util.find_spec("lancedb") and importlib.util.find_spec("lance")
+    if not have_lance:
+        args += ["--skip", "peers"]
+    rc = main(args)
+    res = json.loads((tmp_path / "results" / "bench-tiny-smoke.json").read_text())
+    assert res["errors"] == {}, res["errors"]
+    assert rc == 0
+    steps = res["steps"]
+    assert {r["retrieval"] for r in steps["latency"]["latency"]} == {"dense", "bm25", "hybrid"}
+    assert steps["latency"]["open_ms"]["p50"] >= 0
+    assert steps["ingest"]["ratio"] > 0
+    rows = steps["ann"]["recall"]["rows"]
+    assert rows and all(0.0 <= r["recall"] <= 1.0 for r in rows)
+    assert any(r["default"] for r in rows)
+    cod = steps["codecs"]["codecs"]
+    assert set(cod) == {"float16", "int8", "pq"}
+    assert cod["float16"]["top1_agreement"] == 100.0
+    assert cod["pq"]["bytes_per_vector"] == 8 and cod["int8"]["bytes_per_vector"] == 36
+    assert [r["fraction"] for r in steps["growth"]["rows"]] == [0.1, 0.3, 1.0]
+    if have_lance:
+        assert steps["peers"]["lance"]["n"] == 3
+    md = (tmp_path / "results" / "BENCHMARKS.md").read_text()
+    assert "## Targets" in md and "| dense | phrase | 8 |" in md
+    assert "## Vector codecs" in md and "## Growth with corpus size" in md
+
+
+def test_report_renders_partial_results():
+    """The report copes with a run whose steps failed or were skipped."""
+    from bench.report import render, targets
+
+    res = {"data": "x", "quick": True, "machine": {"cpus": 2, "python": "3", "time": "t"},
+           "steps": {"main": {}}, "errors": {"latency": "boom"}, "total_s": 1.0}
+    assert targets(res) == []
+    md = render(res, {})
+    assert "Steps that failed" in md and "latency" in md

@@ -1,0 +1,183 @@
+"""Vector codecs: the product quantiser (trained per database, state in LMDB), int8 and
+float16 through whole databases, and the codec registry."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import npmdb
+from npmdb.errors import DataError, OperationalError
+from npmdb.storage import codec as C
+
+QUERY = "The capital of France is [MASK]."
+
+
+def _clustered(n: int, dim: int, seed: int = 0) -> np.ndarray:
+    """Vectors with structure (a few directions plus noise), like hidden states."""
+    rng = np.random.default_rng(seed)
+    centers = rng.standard_normal((16, dim)).astype(np.float32) * 3
+    return (centers[rng.integers(0, 16, n)] + rng.standard_normal((n, dim))).astype(np.float32)
+
+
+# ------------------------------------------------------------------ the PQ codec alone
+
+
+def test_pq_names_and_sizes():
+    assert C.get_codec("pq").bytes_per_vector(384) == 96          # dim / 4 by default
+    assert C.get_codec("pq48").bytes_per_vector(384) == 48
+    assert C.get_codec("pq").bytes_per_vector(32) == 8
+    assert C.is_stateful("pq") and C.is_stateful("pq96:0123456789abcdef")
+    assert not C.is_stateful("float16")
+    for bad in ("pq0", "pq:zz", "lz4", ""):
+        with pytest.raises(DataError):
+            C.get_codec(bad)
+    with pytest.raises(DataError):  # 7 sub-quantisers do not divide 32 dimensions
+        C.PQSpec("pq7", 7).train(_clustered(300, 32))
+
+
+def test_pq_round_trip_and_adc():
+    x = _clustered(3000, 32)
+    pq = C.PQSpec("pq", None).train(x, niter=8)
+    assert pq.name.startswith("pq8:") and pq.m == 8 and pq.bytes_per_vector(32) == 8
+    codes = pq.encode(x)
+    assert codes.dtype == np.uint8 and codes.shape == (3000, 8)
+    # FAISS's encoder and the numpy nearest-centroid search agree
+    alt = C._nearest_codes(x.reshape(3000, 8, 4).transpose(1, 0, 2), pq.centroids).T
+    assert np.array_equal(alt, codes)
+    y = pq.decode(codes)
+    assert y.dtype == np.float32 and y.shape == x.shape
+    # far better than the spread of the data (k-means reconstruction)
+    assert np.linalg.norm(y - x) < 0.6 * np.linalg.norm(x - x.mean(0))
+    # decoding is a gather: every sub-vector is one of its sub-space's centroids
+    assert np.array_equal(y[5].reshape(8, 4), pq.centroids[np.arange(8), codes[5]])
+    q = np.random.default_rng(1).standard_normal(32).astype(np.float32)
+    assert np.allclose(pq.scores(codes, q), y @ q, rtol=1e-4, atol=1e-3)
+
+
+def test_pq_tiny_sample_and_determinism():
+    x = _clustered(40, 32)  # fewer rows than centroids: still trains
+    a = C.PQSpec().train(x)
+    b = C.PQSpec().train(x)
+    assert a.name == b.name  # same sample, same seed: same centroids, same name
+    assert a.decode(a.encode(x)).shape == x.shape
+    with pytest.raises(DataError):
+        C.PQSpec().train(np.zeros((0, 32), np.float32))
+
+
+def test_pq_state_round_trip_and_corruption():
+    pq = C.PQSpec().train(_clustered(500, 32))
+    state = C.unpack(C.pack(pq.state()))  # what LMDB holds: msgpack + packed array, no pickle
+    again = C.PQCodec.from_state(pq.name, state)
+    codes = pq.encode(_clustered(10, 32, seed=3))
+    assert np.array_equal(again.decode(codes), pq.decode(codes))
+    bad = dict(state)
+    raw = bytearray(bad["centroids"])
+    raw[-1] ^= 0xFF
+    bad["centroids"] = bytes(raw)
+    with pytest.raises(OperationalError):  # CRC of the packed centroids
+        C.PQCodec.from_state(pq.name, bad)
+    with pytest.raises(OperationalError):  # centroids that do not hash to the name
+        C.PQCodec(np.asarray(pq.centroids) + 1, pq.name)
+
+
+def test_untrained_pq_refuses_to_encode():
+    with pytest.raises(OperationalError):
+        C.PQSpec().encode(np.zeros((2, 32), np.float32))
+
+
+# ------------------------------------------------------------------ whole databases
+
+
+@pytest.fixture(scope="module")
+def codec_dbs(tmp_path_factory, tiny_encoder, sample_corpus):
+    """The same 300 documents in one database per codec (two adds each)."""
+    root = tmp_path_factory.mktemp("codecs")
+    paths = {}
+    for name in ("float16", "int8", "pq", "pq16"):
+        path = root / name
+        with npmdb.open(path, encoder=tiny_encoder, codec=name, progress=False) as db:
+            db.add(sample_corpus[:150])
+            db.add(sample_corpus[150:300])
+        paths[name] = path
+    return paths
+
+
+def _segment_infos(db) -> list[dict]:
+    with db.env.read() as txn:
+        cur = txn.cursor(db=db.env.dbs["segments"])
+        return [C.unpack(v) for _, v in cur.iternext()]
+
+
+def _stored_width(db) -> set[int]:
+    with db.env.read() as txn:
+        cur = txn.cursor(db=db.env.dbs["vectors"])
+        return {C.unpack_array(v).shape[1] for v in cur.iternext(keys=False, values=True)}
+
+
+def test_codec_databases_store_their_width(codec_dbs):
+    widths = {"float16": 64, "int8": 36, "pq": 8, "pq16": 16}  # bytes per vector, dim 32
+    for name, path in codec_dbs.items():
+        with npmdb.open(path, progress=False) as db:
+            assert db.config["codec"] == name
+            width = _stored_width(db)
+            itemsize = 2 if name == "float16" else 1
+            assert {w * itemsize for w in width} == {widths[name]}
+            res = db.fill_mask(QUERY, top=3)
+            assert len(res) > 0
+
+
+def test_pq_state_lives_in_lmdb_and_names_the_segments(codec_dbs):
+    with npmdb.open(codec_dbs["pq"], progress=False) as db:
+        infos = _segment_infos(db)
+        names = {i["codec"] for i in infos}
+        assert len(names) == 1  # trained once, on the first add; the second add reuses it
+        (name,) = names
+        assert name.startswith("pq8:")
+        with db.env.read() as txn:
+            assert C.unpack(txn.get(C.CODEC_STATE_KEY.encode(), db=db.env.dbs["meta"])) == name
+            assert txn.get(f"codec:{name}".encode(), db=db.env.dbs["meta"]) is not None
+        assert C.load_codec(db.env, "pq").name == name
+        assert C.load_codec(db.env, name).name == name
+
+
+def test_pq_database_reopens_without_the_process_cache(codec_dbs):
+    with npmdb.open(codec_dbs["pq"], progress=False) as db:
+        before = [(a.text, a.score) for a in db.fill_mask(QUERY, top=5)]
+    C._LOADED.clear()  # a new process: the centroids come back from LMDB
+    with npmdb.open(codec_dbs["pq"], readonly=True, progress=False) as db:
+        after = [(a.text, a.score) for a in db.fill_mask(QUERY, top=5)]
+    assert after == before
+
+
+def test_two_pq_databases_open_at_once(codec_dbs):
+    C._LOADED.clear()
+    with npmdb.open(codec_dbs["pq"], progress=False) as a, \
+            npmdb.open(codec_dbs["pq16"], progress=False) as b:
+        ra = a.fill_mask(QUERY, top=3, exact=True)
+        rb = b.fill_mask(QUERY, top=3, exact=True)
+        assert len(ra) and len(rb)
+        # each decodes with its own centroids (the segment names them)
+        assert {i["codec"] for i in _segment_infos(a)} != {i["codec"] for i in _segment_infos(b)}
+
+
+def test_codec_scores_track_float16(codec_dbs):
+    """Exact scores of the same spans: int8 within a few per cent of float16."""
+    with npmdb.open(codec_dbs["float16"], progress=False) as f16, \
+            npmdb.open(codec_dbs["int8"], progress=False) as i8:
+        a = {x.text: x.score for x in f16.fill_mask(QUERY, top=20, exact=True, scoring="raw")}
+        b = {x.text: x.score for x in i8.fill_mask(QUERY, top=20, exact=True, scoring="raw")}
+        common = set(a) & set(b)
+        assert len(common) >= 10
+        for t in common:
+            assert b[t] == pytest.approx(a[t], rel=0.05, abs=0.05)
+
+
+def test_pq_database_optimize_and_refresh(tmp_path, tiny_encoder, sample_corpus):
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, codec="pq", progress=False) as db:
+        db.add(sample_corpus[:100])
+        db.add(sample_corpus[100:200])
+        before = [a.text for a in db.fill_mask(QUERY, top=5, exact=True)]
+        db.optimize()  # merges segments: copies codes, decodes them for the new indexes
+        assert [a.text for a in db.fill_mask(QUERY, top=5, exact=True)] == before
+        assert len(_stored_width(db)) == 1
