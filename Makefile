@@ -34,6 +34,7 @@ latency: $(STAMP)
 	$(BIN)/python -m bench.latency --data npmdb/data/dev-small
 
 bench: $(STAMP)
+	$(BIN)/pip install -q -e ".[bench]"
 	$(BIN)/python -m bench
 
 clean:

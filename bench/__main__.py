@@ -187,7 +187,8 @@ def main(argv=None) -> int:
     ap.add_argument("--encoder", default=None, help="encoder directory for a new main database")
     ap.add_argument("--results", type=Path, default=RESULTS, help="where the JSON goes")
     args = ap.parse_args(argv)
-    os.environ.setdefault("RUST_LOG", "error")  # LanceDB's deprecation chatter
+    os.environ.setdefault("RUST_LOG", "error")  # LanceDB chatter
+    os.environ.setdefault("LANCE_LOG", "error")
 
     if not (args.data / "corpus.jsonl.gz").exists():
         ap.error(f"no corpus at {args.data} (pass --data DIR)")

@@ -211,7 +211,14 @@ def reader(path: str, seconds: float, out: str, seed: int, initial_map: int) -> 
                     last_head = v
                 served[kind] = served.get(kind, 0) + 1
             except Exception as exc:  # noqa: BLE001 - the finding
-                errors.append(f"{kind}: {type(exc).__name__}: {exc}")
+                msg = f"{kind}: {type(exc).__name__}: {exc}"
+                if "READERS_FULL" in msg:  # who holds LMDB's reader slots?
+                    rows = db.env.env.readers().splitlines()[1:]
+                    pids: dict[str, int] = {}
+                    for row in rows:
+                        pids[row.split()[0]] = pids.get(row.split()[0], 0) + 1
+                    msg += f" (slots by pid: {pids}; this pid {os.getpid()})"
+                errors.append(msg)
                 if len(errors) > 50:
                     break
     Path(out).write_text(json.dumps({"served": served, "errors": errors, "seen": seen,

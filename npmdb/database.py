@@ -104,8 +104,12 @@ class Database:
                 self._check_existing(encoder, create=dict(block_len=block_len, codec=codec,
                                                           dense=dense) if create else None)
         except BaseException:
+            created = False  # by this handle or, concurrently, by another one
+            if not exists:
+                with suppress(Exception), self.env.read() as txn:
+                    created = V.get_meta(txn, self.env.dbs, "config") is not None
             self.close()
-            if not exists:  # a failed creation leaves nothing behind
+            if not exists and not created:  # a failed creation leaves nothing behind
                 for name in ("data.mdb", "lock.mdb", "write.lock"):
                     (self.path / name).unlink(missing_ok=True)
                 if made:

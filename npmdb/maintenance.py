@@ -181,7 +181,8 @@ def _copy_vectors(db, prep: PreparedSegment, ranges, seg_new: int, gen: int):
         part = chunks[i:i + 16]
         db.env.write(lambda txn: [write_vector_chunk(txn, db.env.dbs, gen, seg_new, c, v)
                                   for c, v in part])
-    codec = C.get_codec(db.config.get("codec", "float16"))
+    codec = C.get_codec(ranges[0][0].info.get("codec", "float16") if ranges else
+                        db.config.get("codec", "float16"), env=db.env)
     sp = np.flatnonzero(prep.flags & VALID_START)
     ep = np.flatnonzero(prep.flags & VALID_END)
     return (sp, codec.decode(allrows[sp]) if len(sp) else np.zeros((0, 1), np.float32)), \

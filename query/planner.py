@@ -55,8 +55,13 @@ def _wrap(op: Operator, tail: Sequence[Operator]) -> Operator:
 def plan_masked(spec: MaskedSpec, *, answer_filter: tuple[str, Callable] | None = None,
                 order: tuple[tuple[str, bool], ...] = (("score", True),),
                 tail: Sequence[Operator] = ()) -> Plan:
+    # Top-N pushdown: when answers are only ranked by score and cut, Aggregate builds just
+    # the best top + offset of them (every occurrence is still grouped and summed).
+    top_n = spec.top + spec.offset if (spec.top and answer_filter is None
+                                       and tuple(order) == (("score", True),)) else 0
     op: Operator = Aggregate("word" if spec.mode == "token" and spec.group_by == "word"
-                             else spec.group_by, spec.alpha, children=(_candidates(spec),))
+                             else spec.group_by, spec.alpha, children=(_candidates(spec),),
+                             top_n=top_n)
     if answer_filter is not None:
         op = FilterAnswers(answer_filter[0], answer_filter[1], children=(op,))
     op = OrderBy(order, children=(op,))

@@ -64,7 +64,8 @@ def assemble_spans(starts: np.ndarray, ends: np.ndarray, flags: np.ndarray,
     spans = np.concatenate(parts)
     if len(spans) == 0:
         return spans.reshape(0, 2)
-    spans = np.unique(spans, axis=0)
+    key = np.unique(spans[:, 0] * (1 << 32) + spans[:, 1])  # sorted unique (s, e)
+    spans = np.stack([key >> 32, key & ((1 << 32) - 1)], axis=1)
     if no_stopwords:
         stop = (flags & STOPWORD) != 0
         csum = np.concatenate([[0], np.cumsum(stop)])

@@ -39,11 +39,20 @@ class _Gate:
     that, so it gets a clear (retryable) OperationalError instead.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, mapped: int = 0) -> None:
         self.cond = threading.Condition()
         self.live = 0
         self.resizing = False
         self.mine = threading.local()
+        self.mapped = mapped  # this process's map size
+
+    def try_resize(self, env, size: int) -> None:
+        """Grow the map now if no transaction of this process is live (never waits)."""
+        with self.cond:
+            if self.live or self.resizing or size <= self.mapped:
+                return
+            env.set_mapsize(size)
+            self.mapped = size
 
     def enter(self) -> None:
         mine = getattr(self.mine, "n", 0)
@@ -78,7 +87,7 @@ class _Gate:
             if self.live == 0:
                 self.cond.notify_all()
 
-    def resize(self, env, size: int, path: Path, timeout: float = 120.0) -> None:
+    def resize(self, env, size: int, path: Path, timeout: float = 60.0) -> None:
         if getattr(self.mine, "n", 0):
             raise OperationalError(
                 f"the LMDB map of {path} must be resized, but this thread holds an open read "
@@ -98,6 +107,7 @@ class _Gate:
                             f"transactions of this process stayed open for {timeout:.0f} s")
                     self.cond.wait(left)
                 env.set_mapsize(size)
+                self.mapped = env.info()["map_size"]
             finally:
                 self.resizing = False
                 self.cond.notify_all()
@@ -112,6 +122,7 @@ class Env:
 
     def __init__(self, path: Path, *, readonly: bool = False, create: bool = True) -> None:
         self.path = Path(path)
+        self._data = str(self.path / "data.mdb")
         self.readonly = readonly
         self._key = str(self.path.resolve())
         self._closed = False
@@ -126,7 +137,7 @@ class Env:
                 self.env, self.dbs, self._gate = shared[0], shared[1], shared[4]
                 return
             self._open(readonly, create)
-            self._gate = _Gate()
+            self._gate = _Gate(self.env.info()["map_size"])
             _SHARED[self._key] = [self.env, self.dbs, 1, readonly, self._gate]
 
     def _open(self, readonly: bool, create: bool) -> None:
@@ -177,6 +188,7 @@ class Env:
     def read(self, *, buffers: bool = False) -> Iterator[lmdb.Transaction]:
         """A read transaction: one consistent snapshot of every sub-database."""
         gate = self._gate
+        self._headroom()
         gate.enter()
         try:
             borrowed = False
@@ -217,6 +229,7 @@ class Env:
             raise OperationalError("the database was opened read-only")
         while True:
             resize = None
+            self._headroom()
             self._gate.enter()
             try:
                 try:
@@ -255,6 +268,21 @@ class Env:
                 self._resize(0)
             else:
                 self._grow()
+
+    def _headroom(self) -> None:
+        """Keep this process's map at least twice the size of the file, growing it while
+        no transaction of the process is live. Another process's writes can then almost
+        never outgrow this map in the middle of a query, when a remap would have to wait
+        for (or fail) the query's own transaction."""
+        gate = self._gate
+        if gate.live or gate.resizing:
+            return
+        try:
+            size = os.stat(self._data).st_size
+        except OSError:
+            return
+        if size * 2 > gate.mapped:
+            gate.try_resize(self.env, min(_next_pow2(size * 4), MAX_MAP))
 
     def _grow(self) -> None:
         size = self.env.info()["map_size"]

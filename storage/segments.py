@@ -126,7 +126,7 @@ class SegmentReader:
         self.info = info
         self.params = params
         self.dim = int(info["dim"])
-        self.codec = C.get_codec(info.get("codec", "float16"))
+        self.codec = C.get_codec(info.get("codec", "float16"), env=env)
         self._cols: SegmentColumns | None = None
         self._bm25: BM25Index | None = None
         self._dense: dict[tuple[int, str], DenseIndex] = {}

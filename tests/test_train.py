@@ -249,6 +249,7 @@ def test_refresh_while_querying(db_copy):
     assert len(report.generations) >= 2  # at least one mid-training refresh, plus the final
     assert report.tags[-1] == "train-step-15"
     assert seen and set(seen) <= complete_pairs(db)
+    assert len({g for _, g in seen}) >= 2  # queries ran before and after a refresh
     assert db.versions()[-1]["generation"] == report.generations[-1]
     assert (db.version, db.fill_mask("Lemnos is in [MASK].").generation) == \
         (report.head_version, report.head_generation)

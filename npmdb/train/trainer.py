@@ -65,7 +65,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # NPM-like defaults (the signature): small learning rate, 16 blocks.
     "default": dict(batch_blocks=16, lr=3e-5, group_size=8, warmup=0.06,
                     weight_decay=0.01, max_grad_norm=1.0, mask_ratio=0.15,
-                    target_grad=True, freeze_embeddings=False, exclude_repeats=False),
+                    target_grad=True, freeze_embeddings=False, exclude_repeats=False,
+                    refresh_every=0),
     # The recipe tuned on the bundled dev-small corpus with all-MiniLM-L6-v2 on 2 CPU
     # cores (<= 30 min with refreshes); see the README/report for its numbers.
     "demo": dict(steps=600, batch_blocks=32, lr=1e-4, group_size=8, warmup=0.06,
@@ -73,7 +74,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 _PRESET_KEYS = ("steps", "batch_blocks", "lr", "group_size", "warmup", "weight_decay",
                 "max_grad_norm", "mask_ratio", "target_grad", "freeze_embeddings",
-                "exclude_repeats")
+                "exclude_repeats", "refresh_every")
 
 
 # --------------------------------------------------------------------------- report
@@ -484,7 +485,7 @@ def train(
     batch_blocks: int | None = None,
     lr: float | None = None,
     objective: str = "phrase",
-    refresh_every: int = 0,
+    refresh_every: int | None = None,
     seed: int = 0,
     resume: bool = False,
     preset: str | None = None,
@@ -528,7 +529,8 @@ def train(
         seed: seeds batch sampling, masking and dropout (a run is reproducible).
         resume: continue the run saved with the database's last training generation
             (``<db>/train/``): its hyperparameters, seed, optimizer and sampler state are
-            restored; only ``steps`` (the new total) comes from this call.
+            restored; only ``steps`` (the new total) and ``refresh_every`` come from
+            this call.
         preset: ``"default"`` or ``"demo"`` (the recipe tuned for the bundled dev-small
             corpus on 2 CPU cores); fills the hyperparameters not passed explicitly.
         group_size: blocks per document group in a batch (seed + neighbours); default 8.
@@ -599,7 +601,8 @@ def train(
     explicit = dict(steps=steps, batch_blocks=batch_blocks, lr=lr, group_size=group_size,
                     warmup=warmup, weight_decay=weight_decay, max_grad_norm=max_grad_norm,
                     mask_ratio=mask_ratio, target_grad=target_grad,
-                    freeze_embeddings=freeze_embeddings, exclude_repeats=exclude_repeats)
+                    freeze_embeddings=freeze_embeddings, exclude_repeats=exclude_repeats,
+                    refresh_every=refresh_every)
     hp: dict[str, Any] = dict(PRESETS["default"])
     hp["steps"] = None
     if saved is not None:
@@ -607,7 +610,7 @@ def train(
     elif preset is not None:
         hp.update(PRESETS[preset])
     hp.update({k: v for k, v in explicit.items() if v is not None
-               and (saved is None or k == "steps")})
+               and (saved is None or k in ("steps", "refresh_every"))})
     if hp["steps"] is None:
         raise ProgrammingError("steps is required: train(db, steps=N) (or preset='demo')")
     steps = _check_int("steps", hp["steps"], 1)
@@ -630,7 +633,7 @@ def train(
         raise ProgrammingError(f"unknown objective {objective!r}: use 'phrase' or 'token'")
     if grouping not in GROUPINGS:
         raise ProgrammingError(f"grouping must be one of {GROUPINGS}, got {grouping!r}")
-    refresh_every = _check_int("refresh_every", refresh_every, 0)
+    refresh_every = _check_int("refresh_every", hp["refresh_every"], 0)
     seed = _check_int("seed", seed, 0)
     max_span_len = _check_int("max_span_len", max_span_len, 1)
     chunk_tokens = _check_int("chunk_tokens", chunk_tokens, 1)
@@ -695,7 +698,8 @@ def train(
                  weight_decay=weight_decay, max_grad_norm=max_grad_norm,
                  mask_ratio=mask_ratio, grouping=grouping, clean_edges=clean_edges,
                  max_span_len=max_span_len, target_grad=target_grad,
-                 freeze_embeddings=freeze_embeddings, exclude_repeats=exclude_repeats)
+                 freeze_embeddings=freeze_embeddings, exclude_repeats=exclude_repeats,
+                 refresh_every=refresh_every)
 
     # ---- loop state
     losses: list[float] = []
