@@ -283,8 +283,17 @@ class Database:
             m = V.resolve(txn, self.env.dbs, version)
             segs = [self._segment(txn, s) for s in m.segments]
             gen = m.generation
-            yield Snapshot(txn, m, segs, lambda: self.encoder_for(gen), doc_filter,
-                           self._filter_cache)
+            snap = Snapshot(txn, m, segs, lambda: self.encoder_for(gen), doc_filter,
+                            self._filter_cache)
+            try:
+                yield snap
+            finally:
+                # py-lmdb keeps an aborted read transaction's reader slot until the
+                # Transaction object is freed; a Snapshot left in a reference cycle (query
+                # state) would hold it until the next garbage collection, and under load
+                # the 256 slots run out (MDB_READERS_FULL). A closed snapshot lets go.
+                snap.txn = None
+                del txn
 
     # -- queries -------------------------------------------------------------------------
 

@@ -104,7 +104,8 @@ class _Gate:
                     if left <= 0:
                         raise OperationalError(
                             f"the LMDB map of {path} must be resized, but {self.live} "
-                            f"transactions of this process stayed open for {timeout:.0f} s")
+                            f"transactions of this process stayed open for {timeout:.0f} s "
+                            "(the database grew while a query ran): retry")
                     self.cond.wait(left)
                 env.set_mapsize(size)
                 self.mapped = env.info()["map_size"]
@@ -204,8 +205,8 @@ class Env:
                     txn, borrowed = outer, True
                 else:
                     gate.leave()
-                    try:
-                        self._resize(0)  # another process grew the map: adopt its size
+                    try:  # another process grew the map: adopt its size
+                        self._gate.resize(self.env, 0, self.path, timeout=5.0)
                     finally:
                         gate.enter()
                     txn = self.env.begin(buffers=buffers)

@@ -312,6 +312,30 @@ def test_map_growth_under_this_threads_own_snapshot_is_a_clear_error(tmp_path, t
         assert db.count() == 50
 
 
+def test_queries_release_their_lmdb_reader_slots(tmp_path, tiny_encoder):
+    """py-lmdb frees an aborted read transaction's reader slot only with the Transaction
+    object; query state kept in reference cycles must not hold it (MDB_READERS_FULL after
+    some thousands of queries in the soak)."""
+    import gc
+
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:
+        db.add(_docs("a", 10))
+        db.add(_docs("b", 10))  # two segments: the multi-segment query paths
+
+        def slots() -> int:
+            rows = db.env.env.readers().splitlines()[1:]
+            return sum(1 for r in rows if r.split()[0] == str(os.getpid()))
+        gc.disable()
+        try:
+            for _ in range(20):
+                db.fill_mask(F.QUERY, retrieval="hybrid", top=3, k=32)
+                db.sql("SELECT phrase FROM MASKED(?) LIMIT 2", [F.QUERY])
+                db.get("a1")
+            assert slots() <= 2
+        finally:
+            gc.enable()
+
+
 # -- creation -----------------------------------------------------------------------------
 
 

@@ -19,7 +19,10 @@ import npmdb
 from npmdb.errors import OperationalError, ProgrammingError
 from npmdb.train.batches import BatchSampler, NeighbourIndex, load_blocks
 from npmdb.train.masking import mask_spans
-from npmdb.train.trainer import STATE_DIR, TrainReport, _backward, _RowEncoder, load_train_state
+from npmdb.train.loss import phrase_loss
+from npmdb.train.trainer import (
+    STATE_DIR, TrainReport, _backward, _context_loss, _RowEncoder, load_train_state,
+)
 
 FORBIDDEN = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt")
 
@@ -151,6 +154,45 @@ def test_grad_cache_equals_one_graph(tiny_db):
         assert g1.keys() == g2.keys() and len(g1) > 10
         for n in g1:
             torch.testing.assert_close(g1[n], g2[n], rtol=1e-3, atol=1e-6)
+
+
+def test_context_negatives_loss_against_naive(tiny_db):
+    """Own block's visible tokens join the denominator; masked tokens never do."""
+    import math
+
+    corpus = load_blocks(tiny_db)
+    enc = tiny_db.encoder
+    sampler = BatchSampler(corpus, batch_blocks=8, seed=0)
+    rng = np.random.default_rng(0)
+    toks, ws, we, docs = sampler.arrays(sampler.next_batch(rng), exclude_repeats=True)
+    mb = mask_spans(toks, ws, we, docs, mask_id=enc.mask_id, cls_id=enc.cls_id,
+                    sep_id=enc.sep_id, pad_id=enc.pad_id, rng=rng, boundary_positives=False)
+    B, Lt = mb.target_valid.shape
+    M, h = mb.num_spans, 16
+    assert M > 0
+    g = torch.Generator().manual_seed(0)
+    T = torch.randn(B, Lt, h, generator=g, dtype=torch.float64)
+    qs = torch.randn(M, h, generator=g, dtype=torch.float64)
+    qe = torch.randn(M, h, generator=g, dtype=torch.float64)
+    masked = {(int(mb.block[j]), p) for j in range(M)
+              for p in range(int(mb.span_start[j]) + 1,
+                             int(mb.span_start[j]) + int(mb.span_len[j]) + 1)}
+    valid = mb.target_valid.tolist()
+
+    def nll(q, b, pos):
+        den = sum(math.exp(float(q @ T[bb, p]) / math.sqrt(h)) for bb in range(B)
+                  for p in range(Lt) if valid[bb][p] and not (bb == b and (bb, p) in masked))
+        num = sum(math.exp(float(q @ T[bb, p]) / math.sqrt(h)) for bb, p in pos)
+        return -math.log(num / den)
+
+    want = np.mean([(nll(qs[i], int(mb.block[i]), [(b, s) for b, s, _ in mb.positives(i)])
+                     + nll(qe[i], int(mb.block[i]), [(b, e) for b, _, e in mb.positives(i)]))
+                    / 2 for i in range(M)])
+    got, stats = _context_loss("phrase", qs, qe, T, mb, None)
+    assert float(got) == pytest.approx(want, rel=1e-9)
+    plain, _ = phrase_loss(qs, qe, T, mb)
+    assert float(got) > float(plain)  # more negatives, larger loss
+    assert stats.num_used == M
 
 
 # --------------------------------------------------------------------------- training
@@ -299,6 +341,7 @@ def test_cli_train(db_copy, capsys):
     ({"steps": 2, "refresh_every": -1}, "refresh_every must be >= 0"),
     ({"steps": 2, "preset": "huge"}, "unknown preset"),
     ({"steps": 2, "grouping": "topics"}, "grouping must be one of"),
+    ({"steps": 2, "context_negatives": True}, "needs exclude_repeats"),
 ])
 def test_bad_arguments(tiny_db, kwargs, match):
     with pytest.raises(ProgrammingError, match=match):

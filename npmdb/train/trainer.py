@@ -66,7 +66,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "default": dict(batch_blocks=16, lr=3e-5, group_size=8, warmup=0.06,
                     weight_decay=0.01, max_grad_norm=1.0, mask_ratio=0.15,
                     target_grad=True, freeze_embeddings=False, exclude_repeats=False,
-                    refresh_every=0),
+                    context_negatives=False, refresh_every=0),
     # The recipe tuned on the bundled dev-small corpus with all-MiniLM-L6-v2 on 2 CPU
     # cores (<= 30 min with refreshes); see the README/report for its numbers.
     "demo": dict(steps=600, batch_blocks=32, lr=1e-4, group_size=8, warmup=0.06,
@@ -74,7 +74,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 _PRESET_KEYS = ("steps", "batch_blocks", "lr", "group_size", "warmup", "weight_decay",
                 "max_grad_norm", "mask_ratio", "target_grad", "freeze_embeddings",
-                "exclude_repeats", "refresh_every")
+                "exclude_repeats", "context_negatives", "refresh_every")
 
 
 # --------------------------------------------------------------------------- report
@@ -354,8 +354,75 @@ def _assemble(outs: list["torch.Tensor"], plan: list[list[int]], n_rows: int, wi
     return full
 
 
+def _context_loss(objective: str, q_start: "torch.Tensor", q_end: "torch.Tensor",
+                  target_hidden: "torch.Tensor", mb: Any, loss_chunk: int | None) -> tuple:
+    """NPM's loss with the query's own block added to its candidates as negatives.
+
+    NPM leaves a span's own block out of its candidates (its unmasked encoding holds
+    the answer). Here the own block's *visible* tokens (every token but the masked
+    span's) join the denominator, so predicting a word the context already shows is
+    penalised. Only sound when no visible word equals the answer (``exclude_repeats``).
+    Computed with :func:`~npmdb.train.loss.contrastive_nll`, one call per block (the
+    own block becomes an ordinary candidate block for that block's queries only), so
+    the score matrices add up to the same size as the plain loss's.
+    """
+    import torch
+
+    from .loss import LossStats, contrastive_nll
+
+    B, Lt = mb.target_valid.shape
+    h = target_hidden.shape[-1]
+    dev = target_hidden.device
+    cand = target_hidden.reshape(B * Lt, h)
+    cblock = torch.arange(B, device=dev).repeat_interleave(Lt)
+    valid = mb.target_valid.to(dev).reshape(-1)
+    M = int(mb.block.numel())
+    starts = mb.pos_block.to(dev) * Lt + mb.pos_start.to(dev)
+    ends = mb.pos_block.to(dev) * Lt + mb.pos_end.to(dev)
+    blocks = mb.block.tolist()
+    span_start, span_len = mb.span_start.tolist(), mb.span_len.tolist()
+    pos_span = mb.pos_span.to(dev)
+    out_s: list = [None] * M
+    out_e: list = [None] * M
+    for b in sorted(set(blocks)):
+        qi = torch.tensor([i for i in range(M) if blocks[i] == b], device=dev)
+        cb = cblock.clone()
+        cb[b * Lt:(b + 1) * Lt] = -1          # own block: an ordinary candidate block
+        cv = valid.clone()
+        for i in qi.tolist():                  # ... without the masked spans' tokens
+            a = b * Lt + span_start[i] + 1
+            cv[a:a + span_len[i]] = False
+        sel = torch.isin(pos_span, qi)
+        local = torch.searchsorted(qi, pos_span[sel])
+        qb = torch.full((len(qi),), b, device=dev)
+        rs = contrastive_nll(q_start[qi], qb, cand, cb, local, starts[sel],
+                             candidate_valid=cv, chunk_size=loss_chunk)
+        re = rs if objective == "token" else contrastive_nll(
+            q_end[qi], qb, cand, cb, local, ends[sel], candidate_valid=cv,
+            chunk_size=loss_chunk)
+        for j, i in enumerate(qi.tolist()):
+            out_s[i] = (rs.nll[j], bool(rs.has_positive[j]), bool(rs.correct[j]))
+            out_e[i] = (re.nll[j], bool(re.has_positive[j]), bool(re.correct[j]))
+    used = [i for i in range(M) if out_s[i][1] and out_e[i][1]]
+    if used:
+        per = torch.stack([(out_s[i][0] + out_e[i][0]) / 2 for i in used])
+        loss = per.mean()
+        sl = float(torch.stack([out_s[i][0] for i in used]).detach().mean())
+        el = float(torch.stack([out_e[i][0] for i in used]).detach().mean())
+        sa = float(np.mean([out_s[i][2] for i in used]))
+        ea = float(np.mean([out_e[i][2] for i in used]))
+    else:
+        loss = q_start.sum() * 0.0 + cand.sum() * 0.0
+        sl = el = sa = ea = 0.0
+    stats = LossStats(loss=float(loss.detach()), start_loss=sl, end_loss=el,
+                      start_accuracy=sa, end_accuracy=ea, num_spans=M, num_used=len(used),
+                      num_skipped=M - len(used), num_candidates=int(valid.sum()))
+    return loss, stats
+
+
 def _backward(rows: _RowEncoder, mb: Any, objective: str, *, grad_cache: bool = False,
-              loss_chunk: int | None = None, target_grad: bool = True) -> Any:
+              loss_chunk: int | None = None, target_grad: bool = True,
+              context_negatives: bool = False) -> Any:
     """Encode a masked batch, compute NPM's loss and back-propagate; returns LossStats.
 
     ``grad_cache``: no graph is kept across chunks (see the module docstring).
@@ -387,12 +454,13 @@ def _backward(rows: _RowEncoder, mb: Any, objective: str, *, grad_cache: bool = 
     def loss_of(outs: list[torch.Tensor]):
         hidden = _assemble(outs, plan, 2 * B, max(L, Lt))
         hq, ht = hidden[:B, :L], hidden[B:, :Lt]
+        qs = hq[mb.block, mb.start_mask_pos]
+        qe = hq[mb.block, mb.end_mask_pos]
+        if context_negatives:
+            return _context_loss(objective, qs, qe, ht, mb, loss_chunk)
         if objective == "phrase":
-            qs = hq[mb.block, mb.start_mask_pos]
-            qe = hq[mb.block, mb.end_mask_pos]
             return phrase_loss(qs, qe, ht, mb, chunk_size=loss_chunk)
-        q = hq[mb.block, mb.start_mask_pos]
-        return token_loss(q, ht, mb, chunk_size=loss_chunk)
+        return token_loss(qs, ht, mb, chunk_size=loss_chunk)
 
     def encode(chunk: list[int], grad: bool) -> torch.Tensor:
         with contextlib.nullcontext() if grad else torch.no_grad():
@@ -501,6 +569,7 @@ def train(
     target_grad: bool | None = None,
     freeze_embeddings: bool | None = None,
     exclude_repeats: bool | None = None,
+    context_negatives: bool | None = None,
     chunk_tokens: int = 4096,
     loss_chunk: int | None = None,
     device: str | None = None,
@@ -548,6 +617,10 @@ def train(
             or more in its own block, so the answer is never a copy of a word left visible
             in the context (cloze-style fact queries never ask for a word the query already
             names); positives then count every occurrence in the other blocks.
+        context_negatives: add each span's own block (its visible tokens, not the masked
+            span) to its candidates as negatives — NPM leaves the own block out; this
+            teaches the model not to answer with a word the context already shows.
+            Needs ``exclude_repeats``.
         target_grad: back-propagate through the unmasked (candidate) encodings too, as
             NPM does (default); False encodes them without a graph (about a third
             cheaper).
@@ -602,7 +675,7 @@ def train(
                     warmup=warmup, weight_decay=weight_decay, max_grad_norm=max_grad_norm,
                     mask_ratio=mask_ratio, target_grad=target_grad,
                     freeze_embeddings=freeze_embeddings, exclude_repeats=exclude_repeats,
-                    refresh_every=refresh_every)
+                    context_negatives=context_negatives, refresh_every=refresh_every)
     hp: dict[str, Any] = dict(PRESETS["default"])
     hp["steps"] = None
     if saved is not None:
@@ -624,6 +697,10 @@ def train(
     target_grad = bool(hp["target_grad"])
     freeze_embeddings = bool(hp["freeze_embeddings"])
     exclude_repeats = bool(hp["exclude_repeats"])
+    context_negatives = bool(hp["context_negatives"])
+    if context_negatives and not exclude_repeats:
+        raise ProgrammingError("context_negatives=True needs exclude_repeats=True (a visible "
+                               "copy of the answer would become a negative)")
     if saved is not None:
         s = saved[0]
         objective, seed = s["objective"], int(s["seed"])
@@ -699,7 +776,7 @@ def train(
                  mask_ratio=mask_ratio, grouping=grouping, clean_edges=clean_edges,
                  max_span_len=max_span_len, target_grad=target_grad,
                  freeze_embeddings=freeze_embeddings, exclude_repeats=exclude_repeats,
-                 refresh_every=refresh_every)
+                 context_negatives=context_negatives, refresh_every=refresh_every)
 
     # ---- loop state
     losses: list[float] = []
@@ -767,7 +844,8 @@ def train(
             # ---- forward / backward
             opt.zero_grad(set_to_none=True)
             stats = _backward(rows, mb.to(dev), objective, grad_cache=grad_cache,
-                              loss_chunk=loss_chunk, target_grad=target_grad)
+                              loss_chunk=loss_chunk, target_grad=target_grad,
+                              context_negatives=context_negatives)
             if max_grad_norm > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
             opt.step()
