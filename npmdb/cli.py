@@ -189,7 +189,7 @@ def cmd_demo(args) -> int:
                 print(q)
                 _print_result(res, evidence=retrieval == "bm25")
         print("\nAn untrained sentence encoder ranks poorly; train it with "
-              f"`npmdb train {path} --steps 300` (see README).")
+              f"`npmdb train {path} --steps 400` (about 20 minutes on 2 cores; see README).")
     return 0
 
 
