@@ -44,15 +44,17 @@ def evaluate_cloze(db, rows: list[dict], mode: str, *, max_len: int = 10, versio
 
 def evaluate_sentiment(db, rows: list[dict], *, version=None, k: int = 1024,
                        retrieval: str = "dense") -> dict:
-    correct = 0
+    correct = abstained = 0
     t0 = time.time()
     for r in rows:
         labels = {"positive": ["great"], "negative": ["terrible"]}
         res = db.classify(r["query"], labels, k=k, retrieval=retrieval, version=version,
                           evidence=0)
         pred = res.top.text if res.top and res.top.score > 0 else None
+        abstained += pred is None   # neither label word among the k retrieved candidates
         correct += pred == r["label"]
     return {"mode": retrieval, "n": len(rows), "accuracy": 100.0 * correct / max(len(rows), 1),
+            "abstained": abstained,
             "seconds": time.time() - t0}
 
 
@@ -70,7 +72,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=Path("npmdb/data/dev-small"))
     ap.add_argument("--db", type=Path, default=None, help="database (built from the data's corpus if empty)")
-    ap.add_argument("--sentiment-db", type=Path, default=None)
+    ap.add_argument("--sentiment-db", type=Path, default=None,
+                    help="review database (built from sentiment_train texts if empty; default: "
+                         "one per encoder under bench/work)")
     ap.add_argument("--encoder", default=None)
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--tasks", default="cloze,translation,sentiment")
@@ -89,7 +93,13 @@ def main(argv=None) -> int:
                  "machine": machine(), "tasks": {}}
     db = build_db(db_path, data / "corpus.jsonl.gz", args.encoder)
     with db:
-        out["encoder"] = db.encoder_for(0).info.name
+        # the encoder that answers at --version (a trained generation has its own)
+        with db.snapshot(version) as snap:
+            gen = snap.generation
+        enc = db.encoder_for(gen)
+        enc_info, enc_path = enc.info, enc.path
+        out["encoder"] = enc_info.name
+        out["generation"] = gen
         out["stats"] = {k: v for k, v in db.stats().items() if k != "config"}
         lim = (lambda rows: rows[: args.limit]) if args.limit else (lambda rows: rows)
         if "cloze" in tasks:
@@ -100,9 +110,13 @@ def main(argv=None) -> int:
             out["tasks"]["translation"] = {m: evaluate_cloze(db, rows, m, max_len=20, version=version)
                                            for m in modes}
     if "sentiment" in tasks:
-        sdb_path = args.sentiment_db or Path("bench/work") / f"{data.name}-reviews.npmdb"
+        # Reviews are the reference corpus for sentiment (data README); they are encoded
+        # with the same encoder as the evaluated version, so a trained generation is
+        # judged on sentiment with its own weights.
+        sdb_path = args.sentiment_db or (Path("bench/work") /
+                                         f"{data.name}-reviews-{enc_info.fingerprint[:12]}.npmdb")
         import npmdb
-        with npmdb.open(sdb_path, encoder=args.encoder, progress=True) as sdb:
+        with npmdb.open(sdb_path, encoder=enc_path, progress=True) as sdb:
             if sdb.count() == 0:
                 train_rows = load_jsonl(data / "sentiment_train.jsonl")
                 sdb.add([{"id": r["id"], "text": r["text"]} for r in train_rows])
@@ -128,7 +142,8 @@ def render(out: dict) -> str:
             lines.append(f"| {task} | {mode} | {r['n']} | {r['em_macro']:.1f} | {r['em_micro']:.1f} | "
                          + " | ".join(cells) + f" | {r['seconds']:.0f} |")
     for mode, r in out["tasks"].get("sentiment", {}).items():
-        lines.append(f"| sentiment (accuracy) | {mode} | {r['n']} | {r['accuracy']:.1f} | | | | | | "
+        lines.append(f"| sentiment (accuracy; {r.get('abstained', 0)} abstained) | {mode} | {r['n']} | "
+                     f"{r['accuracy']:.1f} | | | | | | "
                      f"{r['seconds']:.0f} |")
     return "\n".join(lines) + "\n"
 

@@ -67,6 +67,20 @@ def fold(text: str) -> str:
     return " ".join(text.split()).casefold()
 
 
+def fold_view(text: str) -> str | None:
+    """``text.casefold()`` where slicing it folds the slice: for every span ``[a:b)`` with
+    no white space at its edges, ``fold(text[a:b]) == fold_view(text)[a:b]``.
+
+    None where that does not hold: case folding changes the length somewhere (``ß`` ->
+    ``ss``; every character folds to at least one, so equal lengths mean one each), or a
+    white-space run is not a single space (folding would collapse it).
+    """
+    folded = text.casefold()
+    if len(folded) != len(text) or " ".join(text.split()) != text.strip():
+        return None
+    return folded
+
+
 def token_flags(text: str, offsets: np.ndarray) -> np.ndarray:
     """Flag bits for each token of ``text``.
 

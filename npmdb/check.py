@@ -467,8 +467,9 @@ class _Checker:
                 self.err(where, "token offsets point past the end of their document's text")
         # vectors (codec-agnostic: one row per token, the same width in every chunk)
         if n_tok is not None:
-            from npmdb.storage.segments import CHUNK
-            n_chunks = (n_tok + CHUNK - 1) // CHUNK
+            from npmdb.storage.segments import chunk_rows
+            rows_per = chunk_rows(rec)
+            n_chunks = (n_tok + rows_per - 1) // rows_per
             for g in sorted(gens):
                 width = None
                 for ch in range(n_chunks):
@@ -483,7 +484,7 @@ class _Checker:
                         self.err(where, str(exc))
                         continue
                     self.counts["vector_chunks"] += 1
-                    rows = min(CHUNK, n_tok - ch * CHUNK)
+                    rows = min(rows_per, n_tok - ch * rows_per)
                     width = arr.shape[1:] if width is None else width
                     if arr.shape != (rows, *width):
                         self.err(where, f"vector chunk {ch} of generation {g} has shape "

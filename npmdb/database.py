@@ -38,7 +38,7 @@ from npmdb.storage.bm25 import BlockDoc, build_bm25
 from npmdb.storage.dense import INDEX_KINDS, DenseParams, build_dense
 from npmdb.storage.env import Env, WriterLock
 from npmdb.storage.segments import (
-    CHUNK, SegmentReader, dense_path, delete_segment_data, fsync_dir, remove_dir, segment_dir,
+    SegmentReader, dense_path, delete_segment_data, fsync_dir, remove_dir, segment_dir,
     write_columns, write_vector_chunk,
 )
 

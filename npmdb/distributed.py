@@ -56,7 +56,8 @@ from .corpus import Document, read_documents
 from .errors import Error, IntegrityError, NotSupportedError, OperationalError, ProgrammingError
 from npmdb.storage import codec as C
 from npmdb.storage import versions as V
-from npmdb.storage.segments import CHUNK, fsync_dir, remove_dir, segment_dir, write_vector_chunk
+from npmdb.storage import segments as _segments
+from npmdb.storage.segments import fsync_dir, remove_dir, segment_dir, write_vector_chunk
 
 if TYPE_CHECKING:  # pragma: no cover
     from .database import Database, _Batch
@@ -361,8 +362,10 @@ class _VectorWriter:
     """Streams a segment's stored vectors into LMDB chunks (as ``encode_and_store`` does)
     and keeps the valid starts' and ends' vectors for the dense indexes."""
 
-    def __init__(self, db: "Database", seg: int, gen: int, codec_name: str) -> None:
+    def __init__(self, db: "Database", seg: int, gen: int, codec_name: str,
+                 rows: int | None = None) -> None:
         self.db, self.seg, self.gen = db, seg, gen
+        self.rows = rows or _segments.CHUNK  # tokens per chunk: the segment's, or a new one's
         self.codec = C.get_codec(codec_name)
         self.pending: list[np.ndarray] = []
         self.n_pending = 0
@@ -386,13 +389,13 @@ class _VectorWriter:
         self._flush(final=False)
 
     def _flush(self, final: bool) -> None:
-        if self.n_pending < CHUNK and not (final and self.n_pending):
+        if self.n_pending < self.rows and not (final and self.n_pending):
             return
         buf = np.concatenate(self.pending)
         chunks = []
-        while len(buf) >= CHUNK or (final and len(buf)):
-            chunks.append((self.chunk, np.ascontiguousarray(buf[:CHUNK])))
-            buf = buf[CHUNK:]
+        while len(buf) >= self.rows or (final and len(buf)):
+            chunks.append((self.chunk, np.ascontiguousarray(buf[:self.rows])))
+            buf = buf[self.rows:]
             self.chunk += 1
         self.pending = [buf] if len(buf) else []
         self.n_pending = len(buf)
@@ -459,6 +462,7 @@ class _SegmentBuilder:
             raise
         return {"id": seg, "docs": len(prep.docs), "blocks": prep.n_blocks,
                 "tokens": int(len(prep.tokens)), "dim": self.dim, "codec": self.codec,
+                "chunk": self.vectors.rows,
                 "dense": db.config.get("dense", "hnsw"), "gens": [self.gen],
                 "created": time.time(), "seconds": round(time.time() - self.t0, 3),
                 "engine": "ray"}
@@ -784,7 +788,7 @@ def _refresh_wave(db: "Database", runs: _Runs, readers: list, gen: int, codec: s
             nxt += 1
             w = writers.get(r.seg)
             if w is None:
-                w = writers[r.seg] = _VectorWriter(db, r.seg, gen, codec)
+                w = writers[r.seg] = _VectorWriter(db, r.seg, gen, codec, r.chunk)
             w.append(r.columns().flags[lo:hi], res["stored"])
             if last:
                 _index_refreshed(db, r, gen, writers.pop(r.seg), dim)

@@ -134,6 +134,7 @@ class Encoder:
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
         p = _resolve_path(path)
+        self.path = Path(p)          # where the weights were loaded from (info.path is as recorded)
         self.info = info or describe(p)
         try:
             tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True, use_fast=True)

@@ -19,6 +19,7 @@ import numpy as np
 
 from . import encoder as enc_mod
 from .ingest import PreparedSegment, build_indexes, encode_and_store
+from npmdb.storage.segments import chunk_rows
 from npmdb.storage import codec as C
 from npmdb.storage import versions as V
 from npmdb.storage.segments import fsync_dir, remove_dir, segment_dir
@@ -85,7 +86,8 @@ def write_generation(db: "Database", model: Any, *, steps: int = 0, tag: str | N
             cols = reader.columns()
             prep = PreparedSegment([], cols.tokens, cols.flags, cols.offsets, cols.block_ptr,
                                    cols.block_doc)
-            starts_ends = encode_and_store(db, encoder, prep, seg, gen, db.progress)
+            starts_ends = encode_and_store(db, encoder, prep, seg, gen, db.progress,
+                                           chunk=chunk_rows(seg_infos[seg]))
             tmp = db.path / "segments" / f"tmp-g{gen}-s{seg:06d}"
             remove_dir(tmp)
             tmp.mkdir(parents=True)

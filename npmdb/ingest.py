@@ -20,8 +20,9 @@ from .corpus import Document
 from npmdb.storage import codec as C
 from npmdb.storage.bm25 import BlockDoc, build_bm25
 from npmdb.storage.dense import build_dense
+from npmdb.storage import segments as _segments
 from npmdb.storage.segments import (
-    CHUNK, dense_path, fsync_dir, remove_dir, segment_dir, write_columns, write_vector_chunk,
+    dense_path, fsync_dir, remove_dir, segment_dir, write_columns, write_vector_chunk,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -96,9 +97,12 @@ def segment_codec(db: "Database"):
 
 
 def encode_and_store(db: "Database", encoder: "Encoder", prep: PreparedSegment, seg: int,
-                     gen: int, progress: bool | None = None, window: int = 256
+                     gen: int, progress: bool | None = None, window: int = 256,
+                     chunk: int | None = None
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Encode every block, write float16 (or codec) vector chunks to LMDB as they fill.
+    """Encode every block, write float16 (or codec) vector chunks of ``chunk`` tokens (the
+    segment's chunk size; default: ``npmdb.storage.segments.CHUNK``, for a new segment) to
+    LMDB as they fill.
 
     Each window of blocks is encoded by the codec once: its codes are what is stored, and
     the decoded valid starts and ends (exactly as stored) are kept for the dense indexes.
@@ -109,6 +113,7 @@ def encode_and_store(db: "Database", encoder: "Encoder", prep: PreparedSegment, 
     dense indexes.
     """
     codec = segment_codec(db)
+    chunk = chunk or _segments.CHUNK
     n = len(prep.tokens)
     dim = encoder.hidden_size
     start_pos = np.flatnonzero(prep.flags & VALID_START)
@@ -126,13 +131,13 @@ def encode_and_store(db: "Database", encoder: "Encoder", prep: PreparedSegment, 
 
     def flush(final: bool) -> None:
         nonlocal codes, n_codes, written
-        if n_codes < CHUNK and not (final and n_codes):
+        if n_codes < chunk and not (final and n_codes):
             return
         buf = np.concatenate(codes) if len(codes) > 1 else codes[0]
         chunks = []
-        while len(buf) >= CHUNK or (final and len(buf)):
-            part, buf = buf[:CHUNK], buf[CHUNK:]
-            chunks.append((written // CHUNK, np.ascontiguousarray(part)))
+        while len(buf) >= chunk or (final and len(buf)):
+            part, buf = buf[:chunk], buf[chunk:]
+            chunks.append((written // chunk, np.ascontiguousarray(part)))
             written += len(part)
         codes, n_codes = ([buf] if len(buf) else []), len(buf)
         if chunks:
@@ -240,7 +245,8 @@ def ingest_segment(db: "Database", seg: int, gen: int, docs: list[Document]) -> 
     remove_dir(tmp)
     tmp.mkdir(parents=True)
     try:
-        starts_ends = encode_and_store(db, encoder, prep, seg, gen, db.progress)
+        rows = _segments.CHUNK  # recorded: readers and later generations use the same
+        starts_ends = encode_and_store(db, encoder, prep, seg, gen, db.progress, chunk=rows)
 
         store_documents(db, seg, prep)
         build_indexes(db, prep, tmp, gen, starts_ends[:2], starts_ends[2:], db.progress)
@@ -251,4 +257,5 @@ def ingest_segment(db: "Database", seg: int, gen: int, docs: list[Document]) -> 
     return {"id": seg, "docs": len(prep.docs), "blocks": prep.n_blocks,
             "tokens": int(len(prep.tokens)), "dim": encoder.hidden_size,
             "codec": segment_codec(db).name, "dense": db.config.get("dense", "hnsw"),
+            "chunk": rows,
             "gens": [gen], "created": time.time(), "seconds": round(time.time() - t0, 3)}

@@ -20,9 +20,10 @@ from .corpus import Document
 from .errors import ProgrammingError
 from .ingest import PreparedSegment, build_indexes, install_segment_dir, store_documents
 from npmdb.storage import codec as C
+from npmdb.storage import segments as _segments
 from npmdb.storage import versions as V
 from npmdb.storage.segments import (
-    CHUNK, delete_segment_data, fsync_dir, remove_dir, segment_dir, write_columns,
+    delete_segment_data, fsync_dir, remove_dir, segment_dir, write_columns,
     write_vector_chunk,
 )
 
@@ -144,6 +145,7 @@ def optimize(db: "Database", message: str = "") -> int | None:
                 "tokens": int(len(prep.tokens)), "dim": readers[0].dim,
                 "codec": readers[0].info.get("codec", "float16"),
                 "dense": readers[0].info.get("dense", "hnsw"), "gens": [gen],
+                "chunk": _segments.CHUNK,
                 "created": time.time(), "merged_from": list(head.segments)}
 
         def txn_fn(txn):
@@ -171,12 +173,14 @@ def _copy_vectors(db, prep: PreparedSegment, ranges, seg_new: int, gen: int):
     rows: list[np.ndarray] = []
     with db.env.read(buffers=True) as txn:
         for r, lo, hi in ranges:
-            for c0 in range(lo // CHUNK, (hi - 1) // CHUNK + 1 if hi > lo else lo // CHUNK):
+            n = r.chunk  # the old segment's chunk size; the merged one gets CHUNK's
+            for c0 in range(lo // n, (hi - 1) // n + 1 if hi > lo else lo // n):
                 stored = r._chunk(txn, gen, c0)
-                a, b = max(lo, c0 * CHUNK), min(hi, (c0 + 1) * CHUNK)
-                rows.append(np.array(stored[a - c0 * CHUNK:b - c0 * CHUNK]))
+                a, b = max(lo, c0 * n), min(hi, (c0 + 1) * n)
+                rows.append(np.array(stored[a - c0 * n:b - c0 * n]))
     allrows = np.concatenate(rows) if rows else np.zeros((0, 1), np.uint8)
-    chunks = [(i // CHUNK, allrows[i:i + CHUNK]) for i in range(0, len(allrows), CHUNK)]
+    out = _segments.CHUNK
+    chunks = [(i // out, allrows[i:i + out]) for i in range(0, len(allrows), out)]
     for i in range(0, len(chunks), 16):
         part = chunks[i:i + 16]
         db.env.write(lambda txn: [write_vector_chunk(txn, db.env.dbs, gen, seg_new, c, v)

@@ -330,29 +330,44 @@ class AssembleSpans(Operator):
         return int(len(st.s))
 
 
-def _exact_sims(st: ExecState, seg: np.ndarray, pos: np.ndarray, q: np.ndarray
-                ) -> tuple[np.ndarray, np.ndarray]:
-    """Exact ``sim(q, E(c))`` for unique (seg, pos) pairs; returns (inverse ids, sims).
+def _exact_sims(st: ExecState, seg: np.ndarray, pos: list[np.ndarray], qs: list[np.ndarray]
+                ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Exact ``sim(q, E(c))`` of the candidates ``pos[i]`` (positions in segments ``seg``)
+    for query vector ``qs[i]``: per i, (inverse ids into the unique candidates, their sims).
 
-    The mat-vec uses ``einsum``, not ``@``: a multi-threaded BLAS call leaves its threads
-    spinning and slows the next torch call on a busy machine (measured ~50x here).
+    Every stored vector needed is read once (one gather over the union of the sets, one
+    read of each chunk touched). The mat-vec uses ``einsum``, not ``@``: a multi-threaded
+    BLAS call leaves its threads spinning and slows the next torch call on a busy machine
+    (measured ~50x here).
     """
     snap = st.snapshot
-    scale = 1.0 / np.sqrt(len(q))
-    q = np.asarray(q, np.float32)
-    if len(snap.segments) == 1:
-        upos, inv = np.unique(pos, return_inverse=True)
-        vecs = snap.segments[0].vectors(snap.txn, snap.generation, upos)
-        return inv, np.einsum("ij,j->i", vecs, q).astype(np.float64) * scale
-    key = seg * (1 << 40) + pos
-    uniq, inv = np.unique(key, return_inverse=True)
-    useg, upos = uniq >> 40, uniq & ((1 << 40) - 1)
-    sims = np.empty(len(uniq), dtype=np.float64)
-    for si in np.unique(useg):
-        m = useg == si
-        vecs = snap.segments[int(si)].vectors(snap.txn, snap.generation, upos[m])
-        sims[m] = np.einsum("ij,j->i", vecs, q) * scale
-    return inv, sims
+    scale = 1.0 / np.sqrt(len(qs[0]))
+    qs = [np.asarray(q, np.float32) for q in qs]
+
+    def matvecs(vecs: np.ndarray) -> np.ndarray:  # one einsum per query vector: a 2-column
+        return np.stack([np.einsum("ij,j->i", vecs, q) for q in qs], axis=1)  # einsum is slow
+
+    one = len(snap.segments) == 1
+    uniqs, invs = [], []
+    for p in pos:
+        u, inv = np.unique(p if one else seg * (1 << 40) + p, return_inverse=True)
+        uniqs.append(u)
+        invs.append(inv)
+    union, where = np.unique(np.concatenate(uniqs), return_inverse=True)
+    if one:
+        sims = matvecs(snap.segments[0].vectors(snap.txn, snap.generation, union))
+    else:
+        sims = np.empty((len(union), len(qs)), dtype=np.float32)
+        useg, upos = union >> 40, union & ((1 << 40) - 1)
+        for si in np.unique(useg):
+            m = useg == si
+            vecs = snap.segments[int(si)].vectors(snap.txn, snap.generation, upos[m])
+            sims[m] = matvecs(vecs)
+    out, lo = [], 0
+    for i, u in enumerate(uniqs):
+        out.append((invs[i], sims[where[lo:lo + len(u)], i].astype(np.float64) * scale))
+        lo += len(u)
+    return out
 
 
 @dataclass(frozen=True)
@@ -367,8 +382,8 @@ class ScoreSpans(Operator):
         return _fmt(tau=self.tau, scoring=self.scoring)
 
     def run(self, st: ExecState) -> int:
-        inv_s, sims_s = _exact_sims(st, st.seg, st.s, st.qv.start)
-        inv_e, sims_e = _exact_sims(st, st.seg, st.e, st.qv.end)
+        (inv_s, sims_s), (inv_e, sims_e) = _exact_sims(st, st.seg, [st.s, st.e],
+                                                       [st.qv.start, st.qv.end])
         st.sim_s, st.sim_e = sims_s[inv_s], sims_e[inv_e]
         st.score, _, _ = S.span_scores(inv_s, inv_e, sims_s, sims_e, tau=self.tau,
                                        scoring=self.scoring)
@@ -395,7 +410,7 @@ class ScoreTokens(Operator):
             return 0
         st.seg, st.s = np.concatenate(segs), np.concatenate(poss)
         st.e = st.s.copy()
-        inv, sims = _exact_sims(st, st.seg, st.s, st.qv.token)
+        ((inv, sims),) = _exact_sims(st, st.seg, [st.s], [st.qv.token])
         st.sim_s = sims[inv]
         st.score = S.softmax(st.sim_s, self.tau)
         return int(len(st.score))
@@ -413,25 +428,48 @@ def surface(st: ExecState, si: int, s: int, e: int) -> tuple[str, Any]:
     return doc.text[cols.offsets[s, 0]:cols.offsets[e, 1]], doc
 
 
-def surfaces(st: ExecState, seg: np.ndarray, s: np.ndarray, e: np.ndarray
-             ) -> tuple[list[str], np.ndarray]:
-    """Surface texts of many occurrences (vectorised index math), and their doc numbers."""
-    n = len(s)
-    texts: list[str] = [""] * n
-    docs = np.zeros(n, dtype=np.int64)
-    snap = st.snapshot
-    for si in np.unique(seg):
-        rows = np.flatnonzero(seg == si)
-        reader = snap.segments[int(si)]
-        cols = reader.columns()
-        ss, ee = s[rows], e[rows]
-        dl = cols.block_doc[cols.block_of[ss]]
-        docs[rows] = dl
-        a, b = cols.offsets[ss, 0].tolist(), cols.offsets[ee, 1].tolist()
-        cache = {int(d): reader.doc(snap.txn, int(d)).text for d in np.unique(dl)}
-        for r, d, x, y in zip(rows.tolist(), dl.tolist(), a, b):
-            texts[r] = cache[d][x:y]
-    return texts, docs
+class Surfaces:
+    """The surface texts of many occurrences, computed on demand: ``keys()`` gives every
+    occurrence's folded text (the grouping key) and ``text(i)`` one occurrence's text."""
+
+    def __init__(self, st: ExecState, seg: np.ndarray, s: np.ndarray, e: np.ndarray) -> None:
+        self.n = len(s)
+        self.docs = np.zeros(self.n, dtype=np.int64)
+        self._parts = []  # (rows, doc numbers, starts, ends, {doc: (text, folded)})
+        snap = st.snapshot
+        for si in np.unique(seg):
+            rows = np.flatnonzero(seg == si)
+            reader = snap.segments[int(si)]
+            cols = reader.columns()
+            ss, ee = s[rows], e[rows]
+            dl = cols.block_doc[cols.block_of[ss]]
+            self.docs[rows] = dl
+            texts = {int(d): reader.folded(snap.txn, int(d)) for d in np.unique(dl)}
+            self._parts.append((rows, dl, cols.offsets[ss, 0], cols.offsets[ee, 1], texts))
+        self._where: np.ndarray | None = None
+
+    def keys(self) -> list[str]:
+        """``fold(text)`` of every occurrence: a slice of the document's folded text."""
+        out: list[str] = [""] * self.n
+        for rows, dl, a, b, texts in self._parts:
+            views = [texts[d] for d in dl.tolist()]
+            keys = [f[x:y] if f is not None else fold(t[x:y])
+                    for (t, f), x, y in zip(views, a.tolist(), b.tolist())]
+            if len(self._parts) == 1:
+                return keys
+            for r, k in zip(rows.tolist(), keys):
+                out[r] = k
+        return out
+
+    def text(self, i: int) -> str:
+        if self._where is None:  # occurrence -> (part, row within the part)
+            self._where = np.zeros((self.n, 2), dtype=np.int64)
+            for p, (rows, *_rest) in enumerate(self._parts):
+                self._where[rows, 0] = p
+                self._where[rows, 1] = np.arange(len(rows))
+        p, j = self._where[i]
+        _rows, dl, a, b, texts = self._parts[p]
+        return texts[int(dl[j])][0][int(a[j]):int(b[j])]
 
 
 def _word_bounds(cols, s: int, e: int) -> tuple[int, int]:
@@ -446,8 +484,8 @@ def _word_bounds(cols, s: int, e: int) -> tuple[int, int]:
     return s, e
 
 
-def _make_groups(keys: list, texts: list[str], scores: np.ndarray, n_tokens: np.ndarray,
-                 *, alpha: float = 0.0, top_n: int = 0) -> list[Group]:
+def _make_groups(keys: list, text_of: Callable[[int], str], scores: np.ndarray,
+                 n_tokens: np.ndarray, *, alpha: float = 0.0, top_n: int = 0) -> list[Group]:
     """Answers from occurrences: per group the summed score (times ``n_tokens ** alpha``),
     the surface text of its best occurrence, and its members. With ``top_n``, only the
     ``top_n`` best groups are built (in first-seen order, as a stable sort expects)."""
@@ -455,6 +493,18 @@ def _make_groups(keys: list, texts: list[str], scores: np.ndarray, n_tokens: np.
     if not distinct:
         return []
     sums = np.bincount(gid, weights=scores, minlength=len(distinct))
+    nt = n_tokens.tolist()
+    if not alpha and top_n and top_n <= 32 and top_n < len(distinct):
+        # the common ORDER BY score LIMIT n: rank groups by their sums, then find the
+        # members and best occurrence of the n kept ones only
+        idx = np.arange(len(distinct))
+        keep = np.sort(np.lexsort((idx, -sums))[:top_n])
+        groups = []
+        for g in keep.tolist():
+            members = np.flatnonzero(gid == g)
+            best = int(members[np.argmax(scores[members])])  # ties: first seen
+            groups.append(Group(distinct[g], text_of(best), float(sums[g]), nt[best], members))
+        return groups
     by_score = np.lexsort((-scores, gid))          # per group, best first (ties: first seen)
     order = np.argsort(gid, kind="stable")         # per group, in occurrence order
     cuts = np.flatnonzero(np.diff(gid[order])) + 1
@@ -466,8 +516,7 @@ def _make_groups(keys: list, texts: list[str], scores: np.ndarray, n_tokens: np.
     if top_n and top_n < len(distinct):
         keep = np.sort(np.lexsort((keep, -final))[:top_n])
     lo_l, hi_l, best_l, fin_l = lo.tolist(), hi.tolist(), best.tolist(), final.tolist()
-    nt = n_tokens.tolist()
-    return [Group(distinct[g], texts[best_l[g]], fin_l[g], nt[best_l[g]],
+    return [Group(distinct[g], text_of(best_l[g]), fin_l[g], nt[best_l[g]],
                   order[lo_l[g]:hi_l[g]]) for g in keep.tolist()]
 
 
@@ -489,18 +538,18 @@ class Aggregate(Operator):
             for i in range(len(st.s)):
                 cols = st.snapshot.segments[int(st.seg[i])].columns()
                 st.s[i], st.e[i] = _word_bounds(cols, int(st.s[i]), int(st.e[i]))
-        texts, docs = surfaces(st, st.seg, st.s, st.e)
+        sf = Surfaces(st, st.seg, st.s, st.e)
+        docs = sf.docs
         n_tokens = st.e - st.s + 1
         if self.group_by in ("phrase", "word"):
-            folded: dict[str, str] = {}
-            keys = [folded.get(t) or folded.setdefault(t, fold(t)) for t in texts]
+            keys = sf.keys()
         elif self.group_by == "tokens":
             keys = []
             for si, s, e in zip(st.seg.tolist(), st.s.tolist(), st.e.tolist()):
                 keys.append(tuple(st.snapshot.segments[si].columns().tokens[s:e + 1].tolist()))
         else:  # document
             keys = list(zip(st.seg.tolist(), docs.tolist()))
-        groups = _make_groups(keys, texts, np.asarray(st.score, np.float64), n_tokens,
+        groups = _make_groups(keys, sf.text, np.asarray(st.score, np.float64), n_tokens,
                               alpha=self.alpha, top_n=self.top_n)
         if self.group_by == "document":
             for g in groups:
@@ -531,10 +580,10 @@ class ClassifyLabels(Operator):
             for w in words:
                 word_to_labels.setdefault(fold(w), []).append(label)
         logits = S.label_logits(st.sim_s, st.sim_e if self.mode == "phrase" else None, self.tau)
-        texts, _ = surfaces(st, st.seg, st.s, st.e)
+        keys = Surfaces(st, st.seg, st.s, st.e).keys()
         members: dict[str, list[int]] = {l: [] for l, _ in self.labels}
-        for i, t in enumerate(texts):
-            for label in word_to_labels.get(fold(t), ()):
+        for i, t in enumerate(keys):
+            for label in word_to_labels.get(t, ()):
                 members[label].append(i)
         groups = []
         for label, _ in self.labels:

@@ -103,7 +103,7 @@ def label_logits(sim_start: np.ndarray, sim_end: np.ndarray | None, tau: float) 
 
 def group_keys(keys: list) -> tuple[np.ndarray, list]:
     """Dense group ids for ``keys`` (first-seen order) and the distinct keys."""
-    index: dict = {}
-    ids = np.fromiter((index.setdefault(k, len(index)) for k in keys), dtype=np.int64,
-                      count=len(keys))
-    return ids, list(index)
+    distinct = list(dict.fromkeys(keys))           # C loops: first-seen order
+    index = dict(zip(distinct, range(len(distinct))))
+    ids = np.fromiter(map(index.__getitem__, keys), dtype=np.int64, count=len(keys))
+    return ids, distinct

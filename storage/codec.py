@@ -152,13 +152,27 @@ class Float16Codec:
     name: str = "float16"
 
     def encode(self, x: np.ndarray) -> np.ndarray:
-        return np.asarray(x, dtype=np.float32).astype(np.float16)
+        return cast(np.asarray(x, dtype=np.float32), np.float16)
 
     def decode(self, stored: np.ndarray) -> np.ndarray:
-        return stored.astype(np.float32)
+        return cast(stored, np.float32)
 
     def bytes_per_vector(self, dim: int) -> int:
         return 2 * dim
+
+
+def cast(a: np.ndarray, dtype) -> np.ndarray:
+    """``a.astype(dtype)`` between float16 and float32, through torch's vectorised
+    conversion (numpy converts float16 one value at a time: about 10x slower; this is on
+    every query's hot path)."""
+    import torch
+
+    if a.size < 4096:
+        return a.astype(dtype)
+    if not a.flags.writeable:  # a zero-copy view of the memory map: torch wants to own it
+        a = a.copy()
+    t = torch.from_numpy(np.ascontiguousarray(a))
+    return (t.float() if dtype == np.float32 else t.half()).numpy()
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ from npmdb.blocks import cut_blocks
 from npmdb.boundaries import (
     PUNCT, STOPWORD, STOPWORDS, VALID_END, VALID_START, WORD_END, WORD_START, token_flags,
 )
-from npmdb.storage.codec import Float16Codec, Int8Codec, pack_array, unpack_array
+from npmdb.boundaries import fold_view
+from npmdb.storage.codec import Float16Codec, Int8Codec, cast, pack_array, unpack_array
 
 
 def fold(s: str) -> str:
@@ -316,6 +317,46 @@ def test_float16_codec_round_trip(x):
     # round to nearest: half an ulp, relative 2**-11 for normals, 2**-25 absolute below
     bound = np.maximum(np.abs(x) * 2.0 ** -11, 2.0 ** -25) * (1 + 1e-6)
     assert np.all(np.abs(y - x) <= bound)
+
+
+@settings(max_examples=40, deadline=None)
+@given(x=hnp.arrays(np.float32, st.tuples(st.integers(1, 300), st.just(64)),
+                    elements=st.floats(width=32, allow_nan=True, allow_infinity=True)))
+@example(x=np.array([[6.55e4, 6.6e4, -1e9, 3e-8, 6e-8, 1e-45, np.nan, -0.0] * 8] * 80,
+                    np.float32))
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast")
+def test_fast_float16_casts_are_bit_identical_to_numpy(x):
+    """The hot path converts large arrays through torch; every value (overflow to inf,
+    subnormals, ties, NaN) must come out exactly as numpy's astype gives it."""
+    h = cast(x, np.float16)
+    np.testing.assert_array_equal(np.isnan(h), np.isnan(x))
+    ok = ~np.isnan(x)
+    assert h.dtype == np.float16
+    np.testing.assert_array_equal(h[ok].view(np.uint16), x.astype(np.float16)[ok].view(np.uint16))
+    back = cast(h, np.float32)
+    ref = h.astype(np.float32)
+    assert back.dtype == np.float32
+    np.testing.assert_array_equal(np.isnan(back), np.isnan(ref))
+    np.testing.assert_array_equal(back[~np.isnan(ref)].view(np.uint32),
+                                  ref[~np.isnan(ref)].view(np.uint32))
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(st.sampled_from(list("aAßẞİıΣσς xY\t\n\u00a0\u3000.,Éé")) | st.characters(),
+                    max_size=40), data=st.data())
+@example(text="Straße  in\tBerlin", data=None)
+def test_fold_view_slices_fold_like_fold(text, data):
+    """Answers are grouped by slices of a document's folded text: wherever fold_view
+    offers one, every span without white space at its edges folds exactly as fold()."""
+    view = fold_view(text)
+    if view is None:
+        return
+    spans = [(a, b) for a in range(len(text)) for b in range(a + 1, len(text) + 1)
+             if not text[a].isspace() and not text[b - 1].isspace()]
+    if data is not None and len(spans) > 60:
+        spans = data.draw(st.lists(st.sampled_from(spans), max_size=60))
+    for a, b in spans:
+        assert view[a:b] == fold(text[a:b])
 
 
 @settings(max_examples=200, deadline=None)

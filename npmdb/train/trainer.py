@@ -69,7 +69,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                     context_negatives=False, refresh_every=0),
     # The recipe tuned on the bundled dev-small corpus with all-MiniLM-L6-v2 on 2 CPU
     # cores (<= 30 min with refreshes); see the README/report for its numbers.
-    "demo": dict(steps=600, batch_blocks=32, lr=1e-4, group_size=8, warmup=0.06,
+    "demo": dict(steps=400, batch_blocks=32, lr=1e-4, group_size=8, warmup=0.06,
                  weight_decay=0.01, max_grad_norm=1.0, mask_ratio=0.15),
 }
 _PRESET_KEYS = ("steps", "batch_blocks", "lr", "group_size", "warmup", "weight_decay",
