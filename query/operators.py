@@ -78,12 +78,23 @@ class ExecState:
     info: dict = field(default_factory=dict)
     # row-level operators (EVIDENCE, SEARCH, DOCUMENTS): one dict per row, keyed by column
     rows: list[dict] = field(default_factory=list)
+    # what an operator's serial ``prepare`` computed for its (concurrent) ``run``
+    prepared: dict[int, Any] = field(default_factory=dict)
 
 
 class Operator:
-    """Base: ``name``, ``children``, ``detail()`` for EXPLAIN, ``run(state) -> rows``."""
+    """Base: ``name``, ``children``, ``detail()`` for EXPLAIN, ``run(state) -> rows``.
+
+    ``concurrent`` operators may run at the same time as concurrent siblings (the executor
+    runs their ``prepare`` first, one at a time: everything that reads through the
+    snapshot's LMDB transaction, which one thread at a time may use).
+    """
 
     children: tuple["Operator", ...] = ()
+    concurrent = False
+
+    def prepare(self, st: "ExecState") -> None:
+        return None
 
     @property
     def name(self) -> str:
@@ -177,15 +188,24 @@ class DenseTopK(Operator):
         return _fmt(side=self.side, k=self.k, index="ann") + (
             f", docs: {self.docs} (oversampled)" if self.docs else "")
 
-    def run(self, st: ExecState) -> int:
+    concurrent = True  # the start and end searches run side by side (hnswlib drops the GIL)
+
+    def prepare(self, st: ExecState) -> None:
+        # document filters may read documents through the snapshot's transaction
         snap = st.snapshot
-        q = _query_vector(st, self.side)
-        sides = ("start", "end") if self.side == "token" else (self.side,)
-        # serial: document filters may read documents through the snapshot's transaction
         allowed = [snap.allowed_docs(si) for si in range(len(snap.segments))]
         for si, seg in enumerate(snap.segments):
             if allowed[si] is not None:
                 seg.columns(snap.txn)
+        st.prepared[id(self)] = allowed
+
+    def run(self, st: ExecState) -> int:
+        snap = st.snapshot
+        q = _query_vector(st, self.side)
+        sides = ("start", "end") if self.side == "token" else (self.side,)
+        if id(self) not in st.prepared:
+            self.prepare(st)
+        allowed = st.prepared.pop(id(self))
 
         def one(si: int) -> list:
             seg, out = snap.segments[si], []

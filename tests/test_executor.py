@@ -1,0 +1,76 @@
+"""The executor runs concurrent sibling operators (the start and end ANN searches) side by
+side: answers, scores and the recorded stages must be those of running them one by one."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import npmdb
+from npmdb.query import operators as O
+from npmdb.query.spec import DocFilter
+
+QUERIES = ["Salem is located in [MASK].", "The capital of Peru is [MASK].",
+           "Thessaloniki is a city in [MASK].", "Chopin was a [MASK]."]
+
+
+@pytest.fixture(scope="module")
+def two_segments(tmp_path_factory, tiny_encoder, sample_corpus):
+    path = tmp_path_factory.mktemp("executor") / "db"
+    with npmdb.open(path, encoder=tiny_encoder, progress=False) as db:
+        db.add(sample_corpus[:200])
+        db.add(sample_corpus[200:400])
+        db.delete([sample_corpus[3]["id"]])
+    return path
+
+
+def _run(db, **kw):
+    out = []
+    for q in QUERIES:
+        r = db.fill_mask(q, top=5, **kw)
+        out.append(([(a.text, a.score) for a in r.answers], [s.operator for s in r.stats]))
+    return out
+
+
+TITLE_S = DocFilter("title starts with S", lambda d: d.title.startswith("S"))
+
+
+@pytest.mark.parametrize("kw", [{}, {"retrieval": "hybrid"}, {"mode": "token"},
+                                {"doc_filter": TITLE_S}])
+def test_concurrent_siblings_answer_as_serial_ones(two_segments, monkeypatch, kw):
+    with npmdb.open(two_segments, readonly=True, progress=False) as db:
+        together = _run(db, **kw)
+        monkeypatch.setattr(O.DenseTopK, "concurrent", False)
+        serial = _run(db, **kw)
+    assert together == serial
+
+
+def test_plan_records_both_searches_and_explains_the_same(two_segments):
+    with npmdb.open(two_segments, readonly=True, progress=False) as db:
+        r = db.fill_mask(QUERIES[0], top=3)
+        ops = [s.operator for s in r.stats]
+        assert ops.count("DenseTopK") == 2 and ops.index("EncodeQuery") < ops.index("DenseTopK")
+        assert ops[-1] == "Limit" or ops[-1] == "AttachEvidence"
+        assert "DenseTopK (side=start" in r.plan and "DenseTopK (side=end" in r.plan
+
+
+def test_many_threads_querying_at_once(two_segments):
+    with npmdb.open(two_segments, readonly=True, progress=False) as db:
+        want = _run(db)
+        errors, got = [], []
+
+        def worker():
+            try:
+                for _ in range(3):
+                    got.append(_run(db))
+            except Exception as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=worker) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors, errors
+    assert all(g == want for g in got)
