@@ -166,7 +166,13 @@ def step_ingest(data: Path, *, docs: int, out: dict, encoder=None) -> None:
     from .latency import ingest
 
     sample = load_jsonl(data / "corpus.jsonl.gz")[:docs]
-    out.update(ingest(sample, encoder=encoder))
+    stages: dict[str, float] = {}
+    undo = _timed_ingest_stages(stages)
+    try:
+        out.update(ingest(sample, encoder=encoder))
+    finally:
+        undo()
+    out["stages_s"] = stages  # db.add's stages (the encoder-alone pass is not wrapped)
     log(f"  add {out['add_tok_s']:.0f} tok/s, encoder alone {out['encoder_tok_s']:.0f} tok/s "
         f"(ratio {out['ratio']:.2f}) on {out['tokens']} tokens")
 
@@ -256,6 +262,7 @@ def main(argv=None) -> int:
             log(f"  {step} FAILED: {type(exc).__name__}: {exc}")
             results["errors"][step] = traceback.format_exc()
         out["seconds"] = time.perf_counter() - t0
+        out["ran"] = time.strftime("%Y-%m-%d %H:%M")
         results["steps"][step] = out
         save()
         log(f"  {step} done in {out['seconds']:.0f} s")

@@ -190,7 +190,7 @@ def cmd_demo(args) -> int:
                 print(q)
                 _print_result(res, evidence=retrieval == "bm25")
         print("\nAn untrained sentence encoder ranks poorly; train it with "
-              f"`npmdb train {path} --preset demo` (about 20 minutes on 2 cores; see README).")
+              f"`npmdb train {path} --preset demo` (about 7 minutes on 2 cores; see README).")
     return 0
 
 

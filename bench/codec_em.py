@@ -1,0 +1,86 @@
+"""EM cost of the compact codecs with a *trained* encoder.
+
+The suite's codec step runs on the untrained default encoder, whose EM is near 0, so its
+"EM loss" says little. This builds int8 and PQ copies of a trained database's corpus with
+that database's current encoder and compares cloze EM (bm25 and dense) with the float16
+original.
+
+    python -m bench.codec_em --db demo.npmdb     # after `npmdb train demo.npmdb --preset demo`
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from .common import load_jsonl, machine, write_result
+from .quality import evaluate_cloze
+
+CODECS = ("int8", "pq")
+MODES = ("bm25", "dense")
+
+
+def run(db_path: Path, data: Path, work: Path, codecs=CODECS, log=print) -> dict:
+    import npmdb
+
+    rows = load_jsonl(data / "cloze.jsonl")
+    out: dict = {"db": str(db_path), "data": str(data), "machine": machine(), "codecs": {}}
+    with npmdb.open(db_path, readonly=True, progress=False) as db:
+        with db.snapshot() as snap:
+            gen = snap.generation
+        enc = db.encoder_for(gen)
+        out["encoder"], out["generation"] = enc.info.name, gen
+        ref = {m: evaluate_cloze(db, rows, m)["em_micro"] for m in MODES}
+        out["codecs"]["float16"] = {"bytes_per_vector": 2 * enc.hidden_size, "em": ref}
+        log(f"float16: {ref}")
+        for codec in codecs:
+            path = work / f"{db_path.stem}-{codec}.npmdb"
+            shutil.rmtree(path, ignore_errors=True)
+            t0 = time.perf_counter()
+            with npmdb.open(path, encoder=enc.path, codec=codec, progress=False) as cdb:
+                cdb.add(data / "corpus.jsonl.gz")
+                built = time.perf_counter() - t0
+                em = {m: evaluate_cloze(cdb, rows, m)["em_micro"] for m in MODES}
+                from npmdb.ingest import segment_codec
+                bpv = segment_codec(cdb).bytes_per_vector(enc.hidden_size)
+            out["codecs"][codec] = {"bytes_per_vector": bpv, "em": em, "build_s": built,
+                                    "em_delta": {m: em[m] - ref[m] for m in MODES}}
+            log(f"{codec}: {em} (Δ {out['codecs'][codec]['em_delta']})")
+            shutil.rmtree(path, ignore_errors=True)
+    return out
+
+
+def render(out: dict) -> str:
+    lines = [f"## Codec EM with a trained encoder ({out['encoder']}, generation "
+             f"{out['generation']}; {out['data']} cloze, EM micro)", "",
+             "| codec | bytes per token | EM bm25 | EM dense | Δ bm25 | Δ dense |",
+             "|---|---|---|---|---|---|"]
+    for name, r in out["codecs"].items():
+        d = r.get("em_delta", {"bm25": 0.0, "dense": 0.0})
+        lines.append(f"| {name} | {r['bytes_per_vector'] or '–'} | {r['em']['bm25']:.1f} | "
+                     f"{r['em']['dense']:.1f} | {d['bm25']:+.1f} | {d['dense']:+.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--db", type=Path, required=True, help="a trained database")
+    ap.add_argument("--data", type=Path, default=Path("npmdb/data/dev-small"),
+                    help="the data it was built from (corpus.jsonl.gz, cloze.jsonl)")
+    ap.add_argument("--work", type=Path, default=Path("bench/work"))
+    args = ap.parse_args(argv)
+    args.work.mkdir(parents=True, exist_ok=True)
+    out = run(args.db, args.data, args.work, log=lambda m: print(m, file=sys.stderr))
+    md = render(out)
+    path = write_result(f"codec-em-{args.data.name}", out, md)
+    print(md)
+    print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
