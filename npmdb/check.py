@@ -343,7 +343,7 @@ class _Checker:
             head = meta.get("head")
             if meta.get("trash"):
                 self.warn("meta", f"{len(meta['trash'])} files wait to be removed (trash); the "
-                                  "next writer removes them")
+                                  "next vacuum, optimize or writer open removes them once no reader holds an older snapshot")
             gens: dict[int, dict] = {}
             for k, v in txn.cursor(db=self.dbs["generations"]):
                 g = C.read_u32(bytes(k))

@@ -163,6 +163,7 @@ def optimize(db: "Database", message: str = "") -> int | None:
             return vid
         vid = db.env.write(txn_fn)
         db.env.sync()
+        empty_trash(db)  # what an earlier vacuum left for readers that have since finished
         return vid
 
 
@@ -247,7 +248,8 @@ def vacuum(db: "Database", *, keep_tags: bool = True, older_than: float | None =
                     txn.delete(C.u32(g), db=dbs["generations"])
                     trash.append(f"encoders/g{g}")
             old = V.get_meta(txn, dbs, "trash", []) or []
-            V.put_meta(txn, dbs, "trash", old + trash)
+            # with this commit's id: a reader whose snapshot is older may still open them
+            V.put_meta(txn, dbs, "trash", old + [[rel, txn.id()] for rel in trash])
             removed.update(versions=len(drop), segments=len(dead_segs),
                            generation_sets=len(stale), checkpoints=sum(
                                1 for t in trash if t.startswith("encoders/")))
@@ -260,15 +262,29 @@ def vacuum(db: "Database", *, keep_tags: bool = True, older_than: float | None =
 
 
 def empty_trash(db: "Database") -> int:
-    """Remove the files listed in ``trash`` (after the commit that unreferenced them)."""
+    """Remove the files listed in ``trash`` once no reader can still use them.
+
+    An entry is ``[path, id of the commit that unreferenced it]``. While any read
+    transaction (of any process) holds a snapshot older than that commit, a query on that
+    snapshot may still open the files (indexes load lazily), so the entry waits; the next
+    vacuum, optimize or writer open tries again. Returns the number removed.
+    """
     with db.env.read() as txn:
         trash = V.get_meta(txn, db.env.dbs, "trash", []) or []
-    for rel in trash:
+    if not trash:
+        return 0
+    oldest = db.env.oldest_reader_txn()
+    waiting = []
+    for entry in trash:
+        rel, after = (entry, 0) if isinstance(entry, str) else (entry[0], int(entry[1]))
+        if oldest is not None and oldest < after:
+            waiting.append(entry)
+            continue
         p = db.path / rel
         if p.is_dir():
             remove_dir(p)
         elif p.exists():
             p.unlink()
-    if trash:
-        db.env.write(lambda txn: V.put_meta(txn, db.env.dbs, "trash", []))
-    return len(trash)
+    if len(waiting) != len(trash):
+        db.env.write(lambda txn: V.put_meta(txn, db.env.dbs, "trash", waiting))
+    return len(trash) - len(waiting)

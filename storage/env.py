@@ -224,6 +224,19 @@ class Env:
         finally:
             gate.leave()
 
+    def oldest_reader_txn(self) -> int | None:
+        """The oldest snapshot (transaction id) a live read transaction of any process
+        holds, or None when none is open. Slots of dead processes are cleared first."""
+        try:
+            self.env.reader_check()
+            table = self.env.readers()
+        except lmdb.Error as exc:
+            raise OperationalError(f"cannot read the LMDB reader table of {self.path}: {exc}"
+                                   ) from exc
+        ids = [int(parts[2]) for parts in (line.split() for line in table.splitlines()[1:])
+               if len(parts) >= 3 and parts[2].isdigit()]
+        return min(ids) if ids else None
+
     def write(self, fn: Callable[[lmdb.Transaction], T]) -> T:
         """Run ``fn`` in one write transaction; grow the map and retry when it is full."""
         if self.readonly:

@@ -327,3 +327,56 @@ def test_parallel_segment_search_equals_serial(tmp_path, tiny_encoder, sample_co
                          for q in queries for r in ("dense", "bm25", "hybrid")
                          for m in ("phrase", "token")])
         assert runs[0] == runs[1]
+
+
+def _old_snapshot_reader(path: str, ready, go, out) -> None:
+    """Holds a snapshot from before a vacuum, then answers from it after the vacuum."""
+    import npmdb as _npmdb
+    from npmdb.query.operators import ExecState
+    from npmdb.query.planner import plan_masked
+    from npmdb.query.spec import MaskedSpec
+
+    try:
+        with _npmdb.open(path, readonly=True, progress=False) as db:
+            with db.snapshot() as snap:   # nothing loaded yet: indexes open lazily
+                ready.set()
+                go.wait(120)
+                text = "Rome is the capital of [MASK]."
+                for retrieval in ("bm25", "dense"):
+                    st = plan_masked(MaskedSpec(text, top=3, retrieval=retrieval)).run(
+                        ExecState(snap, text))
+                    assert st.groups, retrieval
+                out.put(("ok", snap.manifest.id, sorted(s.seg for s in snap.segments)))
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        out.put(("error", f"{type(exc).__name__}: {exc}", None))
+
+
+def test_vacuum_keeps_files_a_live_reader_in_another_process_still_needs(tmp_path, tiny_encoder,
+                                                                         sample_corpus):
+    path = tmp_path / "db"
+    with npmdb.open(path, encoder=tiny_encoder, progress=False) as db:
+        db.add(sample_corpus[:40])
+        db.add(sample_corpus[40:80])
+    ctx = mp.get_context("spawn")
+    ready, go, out = ctx.Event(), ctx.Event(), ctx.Queue()
+    reader = ctx.Process(target=_old_snapshot_reader, args=(str(path), ready, go, out))
+    reader.start()
+    try:
+        assert ready.wait(120), "the reader did not start"
+        with npmdb.open(path, progress=False) as db:
+            db.optimize()                       # HEAD: one merged segment
+            db.vacuum()                         # segments 1 and 2 are no longer referenced
+            seg_dirs = {p.name for p in (path / "segments").iterdir()}
+            assert {"s000001", "s000002"} <= seg_dirs   # kept: the reader's snapshot uses them
+            assert not db.check().errors
+        go.set()
+        status, detail, segs = out.get(timeout=120)
+        assert status == "ok", detail
+        assert segs == [1, 2]
+    finally:
+        go.set()
+        reader.join(timeout=60)
+    with npmdb.open(path, progress=False) as db:  # the reader is gone: the next writer cleans
+        assert not {"s000001", "s000002"} & {p.name for p in (path / "segments").iterdir()}
+        assert db.check().clean
+        assert db.fill_mask("Rome is the capital of [MASK].", top=1).answers
