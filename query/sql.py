@@ -1,7 +1,7 @@
 """``Database.sql``: one statement from text to a :class:`~npmdb.result.Result`.
 
     text → tokens → syntax tree (parser) → bound tree (:func:`bind`) → logical plan
-      (:func:`npmdb.query.logical.build`) → rewrite rules (:func:`npmdb.query.rules.optimize`)
+      (:func:`npmdb.query.binder.build`) → rewrite rules (:func:`npmdb.query.rules.optimize`)
       → physical operators (:func:`npmdb.query.compiler.compile_plan`) → executor
 
 MASKED/TOKENS/EVIDENCE/CLASSIFY run through ``Database.run_masked``/``run_classify`` with
@@ -74,7 +74,7 @@ from npmdb.errors import Error, InternalError, ProgrammingError
 from . import ast as A
 from .compiler import compile_plan, format_explain, show
 from .lexer import MAX_INTEGER, error_at
-from .logical import build
+from .binder import build
 from .parser import parse
 from .rules import optimize
 

@@ -606,7 +606,7 @@ def test_like_matcher():
 
 
 def test_logical_plan_is_printable_and_rules_are_separate():
-    from npmdb.query.logical import build
+    from npmdb.query.binder import build
 
     text = "SELECT phrase FROM MASKED('a [MASK]') USING exact WHERE doc.id = 'x' AND support > 1"
     raw = build(parse(text), text)
