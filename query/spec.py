@@ -7,6 +7,7 @@ planner turns it into the same physical plan.
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping
 
@@ -84,6 +85,10 @@ class ClassifySpec:
                 raise ProgrammingError(f"label {label!r} needs one or more non-empty words")
 
 
+#: Accepted ranges of the float options.
+RANGES = {"tau": (1e-3, 1e3), "alpha": (-16.0, 16.0)}
+
+
 def _validate(spec) -> None:
     if not isinstance(spec.text, str):
         raise ProgrammingError(f"the query must be a string, not {type(spec.text).__name__}")
@@ -100,6 +105,13 @@ def _validate(spec) -> None:
     if hasattr(spec, "alpha"):
         if isinstance(spec.alpha, bool) or not isinstance(spec.alpha, (int, float)):
             raise ProgrammingError(f"alpha must be a number, got {spec.alpha!r}")
+    # NaN, infinite or extreme values give NaN or infinite scores (or overflow when
+    # occurrences are summed), not answers
+    for name, (lo, hi) in RANGES.items():
+        v = getattr(spec, name, None)
+        if v is not None and not (math.isfinite(v) and lo <= v <= hi):
+            raise ProgrammingError(f"{name} must be a finite number in [{lo:g}, {hi:g}], "
+                                   f"got {v!r}")
     _choice(spec, "mode", MODES)
     _choice(spec, "retrieval", RETRIEVALS)
     if hasattr(spec, "scoring"):

@@ -563,6 +563,8 @@ def test_parameter_errors(db, text, params, match):
     ("SELECT phrase FROM MASKED('no mask') ", "exactly one mask", 27),
     ("SELECT phrase FROM MASKED('a [MASK]') WITH max_len = 100", "max_len must be between 1 and 64", 44),
     ("SELECT phrase FROM MASKED('a [MASK]') WITH exact = 1", "exact takes TRUE or FALSE", 52),
+    ("SELECT phrase FROM MASKED('a [MASK]') WITH tau = 1e9", r"tau must be a finite number in", 44),
+    ("SELECT phrase FROM MASKED('a [MASK]') WITH alpha = -20", r"alpha must be a finite number", 44),
     ("SELECT phrase FROM MASKED('a [MASK]') WITH scoring = rwa", "did you mean raw", 54),
     ("SELECT phrase FROM MASKED('a [MASK]') ORDER BY doc.title", "cannot be ordered by a document column", 48),
     ("SELECT count(*) FROM MASKED('a [MASK]')", "aggregate function count", 8),
