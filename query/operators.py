@@ -8,6 +8,7 @@ and records rows and milliseconds per operator. Operators read storage only thro
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -108,6 +109,7 @@ class Operator:
 
 
 _POOL = None
+_POOL_LOCK = threading.Lock()
 
 
 def per_segment(fn: Callable[[int], Any], n: int) -> list:
@@ -116,12 +118,13 @@ def per_segment(fn: Callable[[int], Any], n: int) -> list:
     global _POOL
     if n <= 1:
         return [fn(si) for si in range(n)]
-    if _POOL is None:
-        import os
-        from concurrent.futures import ThreadPoolExecutor
+    with _POOL_LOCK:  # concurrent operators (and user threads) may get here at once
+        if _POOL is None:
+            import os
+            from concurrent.futures import ThreadPoolExecutor
 
-        size = int(os.environ.get("NPMDB_SEGMENT_THREADS", "0")) or min(8, os.cpu_count() or 1)
-        _POOL = ThreadPoolExecutor(size, thread_name_prefix="npmdb-seg")
+            size = int(os.environ.get("NPMDB_SEGMENT_THREADS", "0")) or min(8, os.cpu_count() or 1)
+            _POOL = ThreadPoolExecutor(size, thread_name_prefix="npmdb-seg")
     return list(_POOL.map(fn, range(n)))
 
 
