@@ -23,13 +23,13 @@ MODES = ("bm25", "dense", "hybrid")
 
 
 def evaluate_cloze(db, rows: list[dict], mode: str, *, max_len: int = 10, version=None,
-                   k: int = 1024) -> dict:
+                   k: int = 1024, options: dict | None = None) -> dict:
     by_len: dict[str, list[bool]] = defaultdict(list)
     by_rel: dict[str, list[bool]] = defaultdict(list)
     t0 = time.time()
     for r in rows:
         res = db.fill_mask(r["query"], retrieval=mode, max_len=max_len, top=1, k=k,
-                           evidence=0, version=version)
+                           evidence=0, version=version, **(options or {}))
         ok = exact_match(res.top.text if res.top else None, r["answers"])
         by_len[bucket(int(r.get("answer_ngram", 1)))].append(ok)
         by_rel[r.get("relation", "?")].append(ok)
