@@ -41,7 +41,6 @@ from __future__ import annotations
 import inspect
 import logging
 import os
-import shutil
 import time
 import warnings
 from contextlib import ExitStack, contextmanager
@@ -692,38 +691,19 @@ def write_generation(db: "Database", model: Any, *, steps: int = 0, tag: str | N
     dense indexes of the new generation, and one LMDB transaction records the generation
     and commits a version that reads it. Returns ``(version id, generation)``.
     """
-    from . import encoder as enc_mod
-    from .generations import TOKENIZER_FILES, _save_checkpoint
+    from .generations import begin_generation, commit_generation
 
     engine = resolve_engine(engine)
     with db._writing():
-        with db.env.read() as txn:
-            head = V.head(txn, db.env.dbs)
-            if head is None:
-                raise ProgrammingError("the database is empty: nothing to re-embed")
-            gen = int(V.get_meta(txn, db.env.dbs, "next_generation", 1))
-            parent_gen = head.generation
-        base = db.encoder_for(parent_gen)
-        ckpt_rel = f"encoders/g{gen}"
-        ckpt = db.path / ckpt_rel
-        ckpt.parent.mkdir(exist_ok=True)
-        parent_dir = db.path / "encoders" / f"g{parent_gen}"
-        _save_checkpoint(db, model, parent_dir if parent_dir.exists() else Path(base.info.path),
-                         ckpt)
-        for name in TOKENIZER_FILES:
-            src = Path(db.encoder_for(0).info.path) / name
-            if src.exists() and not (ckpt / name).exists():
-                shutil.copy(src, ckpt / name)
-        found = enc_mod.describe(ckpt)
-        new_info = enc_mod.EncoderInfo(base.info.name + f"@g{gen}", str(ckpt), found.fingerprint,
-                                       found.hidden_size, found.model_type)
+        new = begin_generation(db, model)
+        gen, new_info, ckpt = new.gen, new.info, db.path / new.checkpoint
         ctor = {"encoder_path": str(ckpt), "info": new_info.to_dict(),
                 "block_len": int(db.config["block_len"]),
                 "codec": db.config.get("codec", "float16")}
         # waves of whole segments (about wave_chars / 4 tokens): bounded driver memory
         waves: list[list[Any]] = [[]]
         wave_tokens = 0
-        for seg in head.segments:
+        for seg in new.segments:
             r = db._segment_reader(seg)
             if waves[-1] and wave_tokens + r.columns().n_tokens > engine.wave_chars // 4:
                 waves.append([])
@@ -738,27 +718,8 @@ def write_generation(db: "Database", model: Any, *, steps: int = 0, tag: str | N
         finally:
             runs.close()
 
-        def txn_fn(txn):  # as npmdb.generations.write_generation commits
-            dbs = db.env.dbs
-            record = {"id": gen, "encoder": new_info.to_dict(), "created": time.time(),
-                      "parent": parent_gen, "checkpoint": ckpt_rel, "steps": int(steps),
-                      "info": dict(info or {}) | {"engine": "ray"}}
-            txn.put(C.u32(gen), C.pack(record), db=dbs["generations"])
-            cur = V.head(txn, dbs)
-            vid = V.next_id(txn, dbs, "next_version")
-            m = V.Manifest(vid, cur.id, time.time(), cur.segments, cur.deleted, gen, cur.stats,
-                           message or f"embeddings refreshed (generation {gen}, step {steps})",
-                           {"steps": int(steps)})
-            V.put_version(txn, dbs, m)
-            V.put_meta(txn, dbs, "head", vid)
-            V.put_meta(txn, dbs, "generation", gen)
-            V.put_meta(txn, dbs, "next_version", vid + 1)
-            V.put_meta(txn, dbs, "next_generation", gen + 1)
-            if tag:
-                V.set_tag(txn, dbs, tag, vid)
-            return vid
-        vid = db.env.write(txn_fn)
-        db.env.sync()
+        vid = commit_generation(db, new, steps=steps, tag=tag, message=message,
+                                info=dict(info or {}) | {"engine": "ray"})
         return vid, gen
 
 
