@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import load_jsonl, machine, write_result
+from .common import load_jsonl, publish
 
 KS = (64, 256, 1024, 4096)
 EF_FACTORS = (1.0, 1.5, 2.0, 3.0)
@@ -210,11 +210,7 @@ def main(argv=None) -> int:
     main_db = args.db or ensure_main_db(args.data, args.work)
     out = run(main_db, args.data, queries=args.queries, em_queries=args.em_queries,
               log=lambda m: print(m, file=sys.stderr))
-    out["machine"] = machine()
-    md = render(out)
-    write_result(f"ann-{args.data.name}", out, md)
-    print(md)
-    return 0
+    return publish(f"ann-{args.data.name}", out, render)
 
 
 if __name__ == "__main__":

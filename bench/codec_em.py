@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import load_jsonl, machine, write_result
+from .common import load_jsonl, machine, publish
 from .quality import evaluate_cloze
 
 CODECS = ("int8", "pq")
@@ -75,11 +75,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
     out = run(args.db, args.data, args.work, log=lambda m: print(m, file=sys.stderr))
-    md = render(out)
-    path = write_result(f"codec-em-{args.data.name}", out, md)
-    print(md)
-    print(f"wrote {path}", file=sys.stderr)
-    return 0
+    return publish(f"codec-em-{args.data.name}", out, render)
 
 
 if __name__ == "__main__":

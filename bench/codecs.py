@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import exact_match, load_jsonl, machine, write_result
+from .common import exact_match, load_jsonl, publish
 
 CODECS = ("float16", "int8", "pq", "pq48")
 
@@ -224,11 +224,7 @@ def main(argv=None) -> int:
     main_db = args.db or ensure_main_db(args.data, args.work)
     out = run(main_db, args.data, args.work, codecs=args.codecs.split(","), queries=args.queries,
               log=lambda m: print(m, file=sys.stderr))
-    out["machine"] = machine()
-    md = render(out)
-    write_result(f"codecs-{args.data.name}", out, md)
-    print(md)
-    return 0
+    return publish(f"codecs-{args.data.name}", out, render)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import json
 import platform
 import re
 import string
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,17 @@ def write_result(name: str, payload: dict, markdown: str) -> Path:
     path.write_text(json.dumps(payload, indent=1, ensure_ascii=False))
     (RESULTS / f"{name}.md").write_text(markdown)
     return path
+
+
+def publish(name: str, out: dict, render) -> int:
+    """A step run on its own: stamp the machine, write ``bench/results/NAME.{json,md}``,
+    print the table; returns the exit status."""
+    out.setdefault("machine", machine())
+    md = render(out)
+    path = write_result(name, out, md)
+    print(md)
+    print(f"wrote {path}", file=sys.stderr)
+    return 0
 
 
 def percentiles(ms: list[float]) -> dict[str, float]:

@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .common import load_jsonl, machine, write_result
+from .common import load_jsonl, publish
 
 FRACTIONS = (0.1, 0.3, 1.0)
 
@@ -79,11 +79,7 @@ def main(argv=None) -> int:
     main_db = args.db or ensure_main_db(args.data, args.work)
     out = run(main_db, args.data, args.work, queries=args.queries,
               log=lambda m: print(m, file=sys.stderr))
-    out["machine"] = machine()
-    md = render(out)
-    write_result(f"growth-{args.data.name}", out, md)
-    print(md)
-    return 0
+    return publish(f"growth-{args.data.name}", out, render)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import load_jsonl, machine, percentiles, write_result
+from .common import load_jsonl, percentiles, publish
 
 
 class LancePipeline:
@@ -219,11 +219,7 @@ def main(argv=None) -> int:
     main_db = args.db or ensure_main_db(args.data, args.work)
     out = run(main_db, args.data, args.work, queries=args.queries, index=args.lance_index,
               log=lambda m: print(m, file=sys.stderr))
-    out["machine"] = machine()
-    md = render(out)
-    write_result(f"peers-{args.data.name}", out, md)
-    print(md)
-    return 0
+    return publish(f"peers-{args.data.name}", out, render)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .common import load_jsonl, machine, write_result
+from .common import load_jsonl, machine, publish
 from .quality import evaluate_cloze
 
 GRID = (
@@ -64,11 +64,7 @@ def main(argv=None) -> int:
         res = {"db": str(args.db), "data": str(args.data), "n": len(rows), "machine": machine(),
                "encoder": db.encoder_for(gen).info.name, "generation": gen,
                "rows": run(db, rows, log=lambda m: print(m, file=sys.stderr))}
-    md = render(res)
-    path = write_result(args.name or f"tune-{args.data.name}", res, md)
-    print(md)
-    print(f"wrote {path}", file=sys.stderr)
-    return 0
+    return publish(args.name or f"tune-{args.data.name}", res, render)
 
 
 if __name__ == "__main__":
