@@ -94,8 +94,9 @@ class Plan:
             together = [c for c in op.children if c.concurrent and id(c) not in done]
             if len(together) < 2:
                 together = []
+            side_by_side = {id(c) for c in together}
             for child in op.children:
-                if child in together:  # their inputs now; they run below, side by side
+                if id(child) in side_by_side:  # their inputs now; they run below, side by side
                     for grandchild in child.children:
                         execute(grandchild, depth + 2)
                 else:

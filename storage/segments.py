@@ -27,8 +27,9 @@ from . import codec as C
 from .bm25 import BM25Index
 from .dense import DenseIndex, DenseParams, load_dense
 
-__all__ = ["CHUNK", "LEGACY_CHUNK", "chunk_rows", "COLUMNS", "SegmentColumns", "SegmentReader", "segment_dir", "dense_path",
-           "write_columns", "write_vector_chunk", "delete_segment_data", "StoredDoc"]
+__all__ = ["CHUNK", "LEGACY_CHUNK", "chunk_rows", "COLUMNS", "SegmentColumns", "SegmentReader",
+           "segment_dir", "dense_path", "write_columns", "write_vector_chunk",
+           "delete_segment_data", "StoredDoc"]
 
 # Tokens per vector value. Large chunks keep a query's gather to a few LMDB reads (one
 # per chunk touched: 15 on a million-token segment) and are still read zero-copy.
