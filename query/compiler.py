@@ -29,13 +29,13 @@ from npmdb.errors import ProgrammingError
 from . import ast as A
 from . import logical as L
 from .lexer import error_at
-from .operators import (
-    BlockRows, BM25Blocks, EvidenceRows, ExecState, FilterRows, LimitRows, Operator, OrderRows,
-    Project, ScanDocuments,
-)
+from .operators import BM25Blocks, ExecState, Operator
 from .plan import Plan
 from .planner import plan_classify, plan_masked
 from .printer import expr_to_sql
+from .rows import (
+    BlockRows, EvidenceRows, FilterRows, LimitRows, OrderRows, Project, ScanDocuments,
+)
 from .spec import ClassifySpec, DocFilter, MaskedSpec
 
 __all__ = ["Compiled", "compile_plan", "compile_expr", "like", "show", "format_explain"]

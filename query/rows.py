@@ -1,0 +1,188 @@
+"""Row-level physical operators: EVIDENCE, SEARCH and DOCUMENTS rows, their filters,
+order and limit, and the projection that every statement ends with.
+
+They share :class:`~npmdb.query.operators.ExecState` and the executor with the span
+operators (:mod:`npmdb.query.operators`); a row is a dict keyed by canonical column.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from .operators import ExecState, Operator, _fmt, snippet, surface
+
+__all__ = ["EvidenceRows", "BlockRows", "ScanDocuments", "FilterRows", "OrderRows", "LimitRows",
+           "Project"]
+
+# Rows are dicts keyed by column: plain names ("score", "snippet") and, for the document a
+# row comes from, "doc.id", "doc.title", "doc.text", "doc.meta".
+
+
+def _doc_columns(doc) -> dict:
+    return {"doc.id": doc.id, "doc.title": doc.title, "doc.text": doc.text, "doc.meta": doc.meta}
+
+
+@dataclass(frozen=True)
+class EvidenceRows(Operator):
+    """One row per occurrence of each answer (best first within an answer); ``per_answer``
+    caps the occurrences of one answer (0 = all of them)."""
+
+    per_answer: int = 0
+    offset: int = 0  # the answers' OFFSET, so that ``rank`` counts from offset + 1
+    children: tuple = ()
+
+    def detail(self) -> str:
+        return _fmt(per_answer=self.per_answer or "all")
+
+    def run(self, st: ExecState) -> int:
+        snap = st.snapshot
+        rows: list[dict] = []
+        for rank, g in enumerate(st.groups, start=self.offset + 1):
+            w = np.asarray(g.weights if g.weights is not None else st.score)
+            idx = g.idx[np.argsort(-w[g.idx], kind="stable")]
+            if self.per_answer:
+                idx = idx[: self.per_answer]
+            for i in idx.tolist():
+                si, s, e = int(st.seg[i]), int(st.s[i]), int(st.e[i])
+                cols = snap.segments[si].columns()
+                text, doc = surface(st, si, s, e)
+                a, b = int(cols.offsets[s, 0]), int(cols.offsets[e, 1])
+                rows.append({"phrase": g.text, "text": text, "support": g.support, "rank": rank,
+                             "answer_score": float(g.score), "score": float(w[i]),
+                             "start": a, "end": b, "snippet": snippet(doc.text, a, b),
+                             "tokens": e - s + 1, "length": len(text.split()),
+                             "version": snap.manifest.id, "generation": snap.generation,
+                             **_doc_columns(doc)})
+        st.rows = rows
+        return len(rows)
+
+
+@dataclass(frozen=True)
+class BlockRows(Operator):
+    """One row per retrieved block (``st.blocks``), as ``Database.search`` reports them."""
+
+    children: tuple = ()
+
+    def run(self, st: ExecState) -> int:
+        snap = st.snapshot
+        rows: list[dict] = []
+        for si, block, score in st.blocks:
+            cols = snap.segments[si].columns()
+            doc = snap.doc(si, int(cols.block_doc[block]))
+            a = int(cols.offsets[cols.block_ptr[block], 0])
+            b = int(cols.offsets[cols.block_ptr[block + 1] - 1, 1])
+            rows.append({"block": int(block), "score": float(score), "start": a, "end": b,
+                         "text": doc.text[a:b], "snippet": snippet(doc.text, a, b, 0)[:300],
+                         "version": snap.manifest.id, "generation": snap.generation,
+                         **_doc_columns(doc)})
+        st.rows = rows
+        return len(rows)
+
+
+@dataclass(frozen=True)
+class ScanDocuments(Operator):
+    """Every live document the snapshot allows (its document filter applies), in insertion
+    order; stops after ``stop_after`` rows when that is set (a folded LIMIT)."""
+
+    stop_after: int | None = None
+    docs: str = ""  # the document filter, for EXPLAIN (the snapshot applies it)
+    children: tuple = ()
+
+    def detail(self) -> str:
+        parts = [f"docs: {self.docs}"] if self.docs else []
+        if self.stop_after is not None:
+            parts.append(f"stop_after={self.stop_after}")
+        return ", ".join(parts)
+
+    def run(self, st: ExecState) -> int:
+        snap = st.snapshot
+        rows: list[dict] = []
+        for si, seg in enumerate(snap.segments):
+            allowed = snap.allowed_docs(si)
+            n_docs = int(seg.info["docs"])
+            locals_ = range(n_docs) if allowed is None else np.flatnonzero(allowed).tolist()
+            for local in locals_:
+                if self.stop_after is not None and len(rows) >= self.stop_after:
+                    break
+                doc = seg.doc(snap.txn, int(local))
+                rows.append({"version": snap.manifest.id, "generation": snap.generation,
+                             **_doc_columns(doc)})
+        st.rows = rows
+        return len(rows)
+
+
+@dataclass(frozen=True)
+class FilterRows(Operator):
+    describe: str
+    predicate: Callable[[dict], bool] = field(compare=False, repr=False)
+    children: tuple = ()
+
+    def detail(self) -> str:
+        return self.describe
+
+    def run(self, st: ExecState) -> int:
+        st.rows = [r for r in st.rows if self.predicate(r)]
+        return len(st.rows)
+
+
+@dataclass(frozen=True)
+class OrderRows(Operator):
+    """Sort rows by ``keys``: (describe, key function, descending); NULLs sort last."""
+
+    keys: tuple = ()
+    children: tuple = ()
+
+    def detail(self) -> str:
+        return ", ".join(f"{d} {'DESC' if desc else 'ASC'}" for d, _, desc in self.keys)
+
+    def run(self, st: ExecState) -> int:
+        from npmdb.errors import ProgrammingError
+
+        for describe, fn, desc in reversed(self.keys):
+            values = [fn(r) for r in st.rows]
+            present = [i for i, v in enumerate(values) if v is not None]
+            missing = [i for i, v in enumerate(values) if v is None]
+            try:
+                present.sort(key=lambda i: values[i], reverse=desc)
+            except TypeError:
+                kinds = sorted({type(values[i]).__name__ for i in present})
+                raise ProgrammingError(f"ORDER BY {describe}: cannot sort values of different "
+                                       f"types ({', '.join(kinds)})") from None
+            st.rows = [st.rows[i] for i in present + missing]
+        return len(st.rows)
+
+
+@dataclass(frozen=True)
+class LimitRows(Operator):
+    n: int | None = None
+    offset: int = 0
+    children: tuple = ()
+
+    def detail(self) -> str:
+        return _fmt(limit=self.n, offset=self.offset) if self.n is not None else _fmt(offset=self.offset)
+
+    def run(self, st: ExecState) -> int:
+        end = None if self.n is None else self.offset + self.n
+        st.rows = st.rows[self.offset:end]
+        return len(st.rows)
+
+
+@dataclass(frozen=True)
+class Project(Operator):
+    """The select list: ``make(state)`` returns the output rows (tuples), which are left in
+    ``state.info["projection"]`` as ``(columns, rows)``."""
+
+    columns: tuple[str, ...]
+    make: Callable[[ExecState], list[tuple]] = field(compare=False, repr=False)
+    children: tuple = ()
+
+    def detail(self) -> str:
+        return ", ".join(self.columns)
+
+    def run(self, st: ExecState) -> int:
+        rows = self.make(st)
+        st.info["projection"] = (self.columns, tuple(rows))
+        return len(rows)
