@@ -1,0 +1,227 @@
+"""The write path: one Writer owns every change (bugs found by reading, issue "One way down").
+
+1. a failed call inside a batch leaves the batch exactly as before the call (a savepoint);
+2. a failed add leaves no rows behind, and its segment number is never reused;
+3. one handle shared by threads: another thread's add waits for (or is refused by) an open
+   batch, never joins it; an embedding refresh racing an add covers the new segment.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import threading
+import time
+
+import pytest
+
+import npmdb
+
+
+def _docs(prefix: str, n: int) -> list[dict]:
+    return [{"id": f"{prefix}{i}", "text": f"{prefix} document number {i} about Thessaloniki "
+             f"and the river {prefix}{i}."} for i in range(n)]
+
+
+# -- 1. a failed delete inside a batch ---------------------------------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason="bug: fixed by the Writer (issue: One way down)")
+def test_failed_delete_in_batch_is_not_half_applied(new_db):
+    new_db.add(_docs("a", 3))
+    with new_db.batch():
+        with pytest.raises(npmdb.ProgrammingError, match="no-such-id"):
+            new_db.delete(["a0", "no-such-id"])
+        new_db.delete(["a1"])  # the batch goes on
+    assert new_db.get("a0") is not None  # the failed call deleted nothing
+    assert new_db.get("a1") is None
+    assert new_db.count() == 2
+
+
+# -- 2. a failed add inside a batch --------------------------------------------------------------
+
+
+def _fail_installing_segments(monkeypatch):
+    """Make the next installation of a segment directory fail, after its documents were
+    stored in LMDB (the rename into place is the last step of writing a segment)."""
+    real = os.replace
+    state = {"armed": True}
+
+    def replace(src, dst, *a, **k):
+        if state["armed"] and "tmp-s" in os.fspath(src):
+            state["armed"] = False
+            raise OSError(5, "injected I/O error", os.fspath(dst))
+        return real(src, dst, *a, **k)
+    monkeypatch.setattr(os, "replace", replace)
+    return state
+
+
+@pytest.mark.xfail(strict=True, reason="bug: fixed by the Writer (issue: One way down)")
+def test_failed_add_in_batch_leaves_no_trace(new_db, monkeypatch):
+    new_db.add(_docs("a", 2))
+    before = new_db.stats()["segments"]
+    state = _fail_installing_segments(monkeypatch)
+    with new_db.batch():
+        with pytest.raises(npmdb.OperationalError, match="injected"):
+            new_db.add(_docs("x", 3))
+        assert not state["armed"]
+        new_db.add(_docs("y", 1))  # must not reuse the failed add's segment number
+    # the failed add's ids resolve to nothing (not to the documents of the next add)
+    for i in range(3):
+        assert new_db.get(f"x{i}") is None
+    assert new_db.get("y0")["text"].startswith("y document")
+    assert new_db.count() == 3
+    assert new_db.stats()["segments"] == before + 1
+    assert [d["id"] for d in new_db.documents()] == ["a0", "a1", "y0"]
+    report = new_db.check()
+    assert report.ok and report.clean, str(report)
+    new_db.add(_docs("x", 3))  # the ids are free
+    assert new_db.count() == 6
+
+
+def test_failed_add_outside_a_batch_leaves_no_trace(new_db, monkeypatch):
+    new_db.add(_docs("a", 2))
+    _fail_installing_segments(monkeypatch)
+    with pytest.raises(npmdb.OperationalError, match="injected"):
+        new_db.add(_docs("x", 3))
+    assert new_db.get("x0") is None and new_db.count() == 2
+    new_db.add(_docs("y", 2))
+    assert new_db.get("x1") is None and new_db.get("y1") is not None
+    report = new_db.check()
+    assert report.ok and report.clean, str(report)
+
+
+# -- 3. threads sharing one handle ----------------------------------------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason="bug: fixed by the Writer (issue: One way down)")
+def test_other_threads_add_is_refused_not_joined(new_db):
+    new_db.add(_docs("a", 1))
+    out: dict = {}
+    inside = threading.Event()
+
+    def other():
+        inside.wait(10)
+        try:
+            out["vid"] = new_db.add(_docs("t", 1))
+        except npmdb.OperationalError as exc:
+            out["error"] = exc
+
+    t = threading.Thread(target=other)
+    t.start()
+    with pytest.raises(RuntimeError, match="abandon"):
+        with new_db.batch():
+            new_db.add(_docs("m", 1))
+            inside.set()
+            t.join(10)
+            raise RuntimeError("abandon the batch")
+    assert "error" in out, out  # timeout=0: refused at once, never part of the batch
+    assert "locked" in str(out["error"])
+    assert new_db.get("t0") is None and new_db.get("m0") is None
+    assert new_db.count() == 1
+
+
+@pytest.mark.xfail(strict=True, reason="bug: fixed by the Writer (issue: One way down)")
+def test_other_threads_add_waits_for_the_batch(tmp_path, tiny_encoder):
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False, timeout=30) as db:
+        db.add(_docs("a", 1))
+        out: dict = {}
+        inside = threading.Event()
+
+        def other():
+            inside.wait(10)
+            out["vid"] = db.add(_docs("t", 1))
+            out["done"] = time.monotonic()
+
+        t = threading.Thread(target=other)
+        t.start()
+        with pytest.raises(RuntimeError, match="abandon"):
+            with db.batch():
+                db.add(_docs("m", 1))
+                inside.set()
+                time.sleep(0.5)
+                assert "vid" not in out  # it waits for this batch
+                ended = time.monotonic()
+                raise RuntimeError("abandon the batch")
+        t.join(30)
+        assert out["done"] >= ended
+        # committed on its own, after the batch was rolled back
+        assert db.get("t0") is not None and db.get("m0") is None
+        assert db.count() == 2 and out["vid"] == db.version
+
+
+def _perturbed(db):
+    import torch
+
+    model = copy.deepcopy(db.encoder.model).cpu()
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return model
+
+
+def _every_version_answers(db):
+    for v in db.versions():
+        res = db.fill_mask("Thessaloniki is a city in [MASK].", version=v["id"], k=16)
+        assert res.generation == v["generation"]
+        res = db.fill_mask("Thessaloniki is a city in [MASK].", version=v["id"], k=16,
+                           exact=True)
+        assert res.generation == v["generation"]
+
+
+@pytest.mark.xfail(strict=True, reason="bug: fixed by the Writer (issue: One way down)")
+def test_refresh_waits_for_an_open_batch_and_covers_its_segments(tmp_path, tiny_encoder):
+    """A refresh started (in another thread) while a batch is open commits after it, and
+    its generation has vectors for the batch's segments too."""
+    from npmdb.generations import write_generation
+
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False, timeout=60) as db:
+        db.add(_docs("a", 20))
+        model = _perturbed(db)
+        out: dict = {}
+
+        def refresh():
+            try:
+                out["vg"] = write_generation(db, model, steps=1, tag="refreshed")
+            except Exception as exc:  # noqa: BLE001 - reported below
+                out["error"] = exc
+
+        with db.batch():
+            db.add(_docs("b", 20))
+            t = threading.Thread(target=refresh)
+            t.start()
+            time.sleep(0.5)
+            db.add(_docs("c", 20))
+        t.join(120)
+        assert "error" not in out, out
+        vid, gen = out["vg"]
+        assert db.version == vid and db.stats()["generation"] == gen == 1
+        assert db.count() == 60
+        _every_version_answers(db)
+        assert db.check().ok
+
+
+def test_refresh_racing_adds_never_leaves_a_version_without_vectors(tmp_path, tiny_encoder):
+    from npmdb.generations import write_generation
+
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False, timeout=60) as db:
+        db.add(_docs("a", 30))
+        model = _perturbed(db)
+        out: dict = {}
+
+        def refresh():
+            try:
+                out["vg"] = write_generation(db, model, steps=1)
+            except Exception as exc:  # noqa: BLE001
+                out["error"] = exc
+
+        t = threading.Thread(target=refresh)
+        t.start()
+        for i in range(3):
+            db.add(_docs(f"r{i}-", 5))
+        t.join(120)
+        assert "error" not in out, out
+        assert db.count() == 45
+        _every_version_answers(db)
+        assert db.check().ok
