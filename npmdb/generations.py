@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from . import encoder as enc_mod
 from .errors import ProgrammingError
 from .ingest import PreparedSegment, build_indexes, encode_and_store
-from npmdb.storage import codec as C
+from npmdb.storage import format as F
 from npmdb.storage import versions as V
 from npmdb.storage.segments import fsync_dir, remove_dir, segment_dir
 
@@ -97,7 +97,7 @@ def commit_generation(db: "Database", new: NewGeneration, *, steps: int, tag: st
         record = {"id": gen, "encoder": new.info.to_dict(), "created": time.time(),
                   "parent": new.parent, "checkpoint": new.checkpoint, "steps": int(steps),
                   "info": info}
-        txn.put(C.u32(gen), C.pack(record), db=dbs["generations"])
+        txn.put(F.u32(gen), F.pack(record), db=dbs["generations"])
         cur = V.head(txn, dbs)
         vid = V.next_id(txn, dbs, "next_version")
         m = V.Manifest(vid, cur.id, time.time(), cur.segments, cur.deleted, gen, cur.stats,

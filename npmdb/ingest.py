@@ -18,6 +18,7 @@ from .blocks import cut_blocks
 from .boundaries import VALID_END, VALID_START, token_flags
 from .corpus import Document
 from npmdb.storage import codec as C
+from npmdb.storage import format as F
 from npmdb.storage.bm25 import BlockDoc, build_bm25
 from npmdb.storage.dense import build_dense
 from npmdb.storage import segments as _segments
@@ -220,10 +221,10 @@ def store_documents(db: "Database", seg: int, prep: PreparedSegment) -> None:
     def write(txn):
         write_columns(txn, db.env.dbs, seg, cols)
         for local, d in enumerate(prep.docs):
-            txn.put(C.doc_key(seg, local), C.pack({"id": d.id, "title": d.title,
+            txn.put(F.doc_key(seg, local), F.pack({"id": d.id, "title": d.title,
                                                    "text": d.text, "meta": d.meta}),
                     db=db.env.dbs["docs"])
-            txn.put(C.docid_key(d.id, seg), C.pack(local), db=db.env.dbs["docids"])
+            txn.put(F.docid_key(d.id, seg), F.pack(local), db=db.env.dbs["docids"])
     db.env.write(write)
 
 

@@ -20,6 +20,7 @@ from .corpus import Document
 from .errors import ProgrammingError
 from .ingest import PreparedSegment, build_indexes, install_segment_dir, store_documents
 from npmdb.storage import codec as C
+from npmdb.storage import format as F
 from npmdb.storage import segments as _segments
 from npmdb.storage import versions as V
 from npmdb.storage.segments import (
@@ -52,7 +53,7 @@ def restore(db: "Database", ref: int | str, message: str = "") -> int:
             dbs = db.env.dbs
             old = V.resolve(txn, dbs, ref)
             for s in old.segments:
-                if txn.get(C.u32(s), db=dbs["segments"]) is None:
+                if txn.get(F.u32(s), db=dbs["segments"]) is None:
                     raise ProgrammingError(f"version {old.id} can no longer be restored: its "
                                            "segment data was vacuumed")
             cur = V.head(txn, dbs)
@@ -152,7 +153,7 @@ def optimize(db: "Database", message: str = "") -> int | None:
             dbs = db.env.dbs
             cur = V.head(txn, dbs)
             vid = V.next_id(txn, dbs, "next_version")
-            txn.put(C.u32(seg_new), C.pack(info), db=dbs["segments"])
+            txn.put(F.u32(seg_new), F.pack(info), db=dbs["segments"])
             stats = {"docs": info["docs"], "blocks": info["blocks"], "tokens": info["tokens"]}
             m = V.Manifest(vid, cur.id, time.time(), (seg_new,), {}, cur.generation, stats,
                            message or f"optimize: merged segments {list(head.segments)}")
@@ -220,20 +221,20 @@ def vacuum(db: "Database", *, keep_tags: bool = True, older_than: float | None =
             need_pairs = {(s, v.generation) for v in kept for s in v.segments}
             need_gens = {v.generation for v in kept} | {0}
             for v in drop:
-                txn.delete(C.u64(v.id), db=dbs["versions"])
+                txn.delete(F.u64(v.id), db=dbs["versions"])
             for name, vid in tags.items():
                 if vid not in keep:
                     txn.delete(name.encode(), db=dbs["tags"])
             trash: list[str] = []
-            seg_records = {C.read_u32(bytes(k)): C.unpack(v)
+            seg_records = {F.read_u32(bytes(k)): F.unpack(v)
                            for k, v in txn.cursor(db=dbs["segments"])}
             dead_segs = [s for s in seg_records if s not in need_segs]
             for s in dead_segs:
                 delete_segment_data(txn, dbs, s)
-                txn.delete(C.u32(s), db=dbs["segments"])
+                txn.delete(F.u32(s), db=dbs["segments"])
                 trash.append(f"segments/s{s:06d}")
             # generations no longer used by a kept segment
-            gens_in_vectors = {(C.read_u32(bytes(k), 4), C.read_u32(bytes(k)))
+            gens_in_vectors = {(F.read_u32(bytes(k), 4), F.read_u32(bytes(k)))
                                for k in txn.cursor(db=dbs["vectors"]).iternext(values=False)}
             stale = {(s, g) for s, g in gens_in_vectors if s in need_segs and (s, g) not in need_pairs}
             for s, g in sorted(stale):
@@ -241,11 +242,11 @@ def vacuum(db: "Database", *, keep_tags: bool = True, older_than: float | None =
                 info = seg_records[s]
                 kind = info.get("dense", "hnsw")
                 trash += [f"segments/s{s:06d}/g{g}.start.{kind}", f"segments/s{s:06d}/g{g}.end.{kind}"]
-            gen_records = [C.read_u32(bytes(k)) for k in
+            gen_records = [F.read_u32(bytes(k)) for k in
                            txn.cursor(db=dbs["generations"]).iternext(values=False)]
             for g in gen_records:
                 if g not in need_gens:
-                    txn.delete(C.u32(g), db=dbs["generations"])
+                    txn.delete(F.u32(g), db=dbs["generations"])
                     trash.append(f"encoders/g{g}")
             old = V.get_meta(txn, dbs, "trash", []) or []
             # with this commit's id: a reader whose snapshot is older may still open them

@@ -257,7 +257,7 @@ class _Binder:
         if not (isinstance(e, A.Literal) and e.kind == "string"):
             self.fail(e, f"{what} takes a string, got {_value(e)}", ("a string",))
         if masked:
-            from npmdb.encoder import split_mask
+            from .text import split_mask
 
             try:
                 split_mask(e.value)

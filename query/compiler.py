@@ -420,7 +420,7 @@ class Compiled:
         return None
 
     def run(self, db: Any) -> Any:
-        from npmdb.result import Result
+        from .result import Result
 
         if isinstance(self.spec, MaskedSpec):
             res = db.run_masked(self.spec, **self.plan_args)
@@ -553,7 +553,7 @@ def _compile_answers(plan, nodes, columns, fns, doc_filter, text) -> Compiled:
 
 def show(db: Any, what: str) -> Any:
     """SHOW VERSIONS (one row per version, oldest first) / SHOW TAGS (tag, version)."""
-    from npmdb.result import Result
+    from .result import Result
 
     versions = db.versions()
     if what == "VERSIONS":

@@ -15,10 +15,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from npmdb.boundaries import VALID_END, VALID_START, fold
 from npmdb.storage.bm25 import analyze
+from npmdb.storage.format import VALID_END, VALID_START
 
 from . import scoring as S
+from .text import MASK_PATTERN, fold, fold_view
 
 __all__ = [
     "ExecState", "Operator", "EncodeQuery", "DenseTopK", "ExactTopK", "BM25Blocks",
@@ -270,8 +271,6 @@ class BM25Blocks(Operator):
         return _fmt(blocks=self.n) + (f", docs: {self.docs}" if self.docs else "")
 
     def run(self, st: ExecState) -> int:
-        from npmdb.encoder import MASK_PATTERN
-
         from npmdb.storage.bm25 import global_idf
 
         snap = st.snapshot
@@ -466,7 +465,7 @@ class Surfaces:
             ss, ee = s[rows], e[rows]
             dl = cols.block_doc[cols.block_of[ss]]
             self.docs[rows] = dl
-            texts = {int(d): reader.folded(snap.txn, int(d)) for d in np.unique(dl)}
+            texts = {int(d): reader.doc_view(snap.txn, int(d), fold_view) for d in np.unique(dl)}
             self._parts.append((rows, dl, cols.offsets[ss, 0], cols.offsets[ee, 1], texts))
         self._where: np.ndarray | None = None
 
@@ -495,7 +494,7 @@ class Surfaces:
 
 
 def _word_bounds(cols, s: int, e: int) -> tuple[int, int]:
-    from npmdb.boundaries import WORD_END, WORD_START
+    from npmdb.storage.format import WORD_END, WORD_START
 
     lo = int(cols.block_ptr[cols.block_of[s]])
     hi = int(cols.block_ptr[cols.block_of[e] + 1]) - 1
@@ -696,7 +695,7 @@ class AttachEvidence(Operator):
         return _fmt(per_answer=self.n)
 
     def run(self, st: ExecState) -> int:
-        from npmdb.result import Evidence
+        from .result import Evidence
 
         count = 0
         for g in st.groups:

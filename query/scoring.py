@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from npmdb.boundaries import STOPWORD, VALID_END, VALID_START, WORD_END, WORD_START
+from npmdb.storage.format import STOPWORD, VALID_END, VALID_START, WORD_END, WORD_START
 
 __all__ = ["softmax", "assemble_spans", "span_scores", "label_logits", "group_keys"]
 

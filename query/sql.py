@@ -105,7 +105,7 @@ def prepare(text: str, params: Any = None):
 
 
 def _execute(db: Any, text: str, params: Any) -> Any:
-    from npmdb.result import Result
+    from .result import Result
 
     stmt, compiled, notes = prepare(text, params)
     if isinstance(stmt, A.Show):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -11,6 +10,8 @@ from typing import Iterable, Sequence
 import tantivy
 
 from npmdb.errors import OperationalError
+
+from .paths import fsync_path
 
 __all__ = ["BlockDoc", "build_bm25", "BM25Index", "analyze", "bm25_idf", "global_idf"]
 
@@ -58,7 +59,7 @@ def build_bm25(path: Path, docs: Iterable[BlockDoc]) -> int:
     writer.wait_merging_threads()
     for f in path.iterdir():
         if f.is_file():
-            _fsync(f)
+            fsync_path(f)
     return n
 
 
@@ -131,11 +132,3 @@ def global_idf(indexes: Sequence["BM25Index"], terms: Sequence[str]) -> list[flo
         total += n
         dfs = [a + b for a, b in zip(dfs, d)]
     return [bm25_idf(df, total) for df in dfs]
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -1,136 +1,24 @@
-"""Keys, msgpack values, numpy array values (with a CRC32) and vector codecs."""
+"""Vector codecs: how token vectors are stored (float16, int8, product quantisation)."""
 
 from __future__ import annotations
 
 import hashlib
 import re
-import struct
 import threading
-import zlib
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
-import msgpack
 import numpy as np
 
 from npmdb.errors import DataError, OperationalError
 
+from .format import pack, pack_array, unpack, unpack_array
+
 __all__ = [
-    "u32", "u64", "read_u32", "read_u64", "doc_key", "docid_key", "docid_prefix", "col_key",
-    "vec_key", "pack", "unpack", "pack_array", "unpack_array", "VectorCodec", "Float16Codec",
+    "VectorCodec", "Float16Codec",
     "Int8Codec", "PQCodec", "PQSpec", "get_codec", "load_codec", "save_codec_state",
     "is_stateful", "CODECS", "CODEC_STATE_KEY",
 ]
-
-# -- keys (big-endian so LMDB's byte order is numeric order) ------------------------------
-
-
-def u32(x: int) -> bytes:
-    return struct.pack(">I", x)
-
-
-def u64(x: int) -> bytes:
-    return struct.pack(">Q", x)
-
-
-def read_u32(b: bytes, at: int = 0) -> int:
-    return struct.unpack_from(">I", b, at)[0]
-
-
-def read_u64(b: bytes, at: int = 0) -> int:
-    return struct.unpack_from(">Q", b, at)[0]
-
-
-def doc_key(seg: int, local: int) -> bytes:
-    return u32(seg) + u32(local)
-
-
-def docid_prefix(doc_id: str) -> bytes:
-    return hashlib.blake2b(doc_id.encode("utf-8", "surrogatepass"), digest_size=16).digest()
-
-
-def docid_key(doc_id: str, seg: int) -> bytes:
-    return docid_prefix(doc_id) + u32(seg)
-
-
-def col_key(seg: int, name: str) -> bytes:
-    return u32(seg) + name.encode()
-
-
-def vec_key(gen: int, seg: int, chunk: int) -> bytes:
-    return u32(gen) + u32(seg) + u32(chunk)
-
-
-# -- msgpack values -----------------------------------------------------------------------
-
-
-def pack(obj: Any) -> bytes:
-    try:
-        return msgpack.packb(obj, use_bin_type=True)
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise DataError(f"value cannot be stored (msgpack): {exc}") from exc
-
-
-def unpack(data: bytes | memoryview) -> Any:
-    try:
-        return msgpack.unpackb(data, raw=False, strict_map_key=False)
-    except Exception as exc:  # noqa: BLE001 - msgpack raises several kinds on bad bytes
-        raise OperationalError(f"corrupt value in the database ({type(exc).__name__}: {exc}); "
-                               "run `npmdb check` for a full report") from None
-
-
-# -- numpy arrays: 16-byte aligned header, CRC32 of the payload -----------------------------
-
-_MAGIC = b"NA"
-_DTYPES = {0: np.dtype("<f2"), 1: np.dtype("<f4"), 2: np.dtype("<i4"), 3: np.dtype("<i8"),
-           4: np.dtype("u1"), 5: np.dtype("i1")}
-_CODES = {v: k for k, v in _DTYPES.items()}
-
-
-def pack_array(a: np.ndarray) -> bytes:
-    a = np.asarray(a)
-    dt = a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype
-    code = _CODES.get(np.dtype(dt))
-    if code is None:
-        raise DataError(f"arrays of dtype {a.dtype} cannot be stored")
-    payload = a.astype(dt, copy=False).tobytes(order="C")
-    shape = struct.pack(f"<{a.ndim}Q", *a.shape)
-    crc = zlib.crc32(payload, zlib.crc32(bytes([code, a.ndim]) + shape))
-    head = struct.pack("<2sBBI", _MAGIC, code, a.ndim, crc) + shape
-    head += b"\0" * (-len(head) % 16)
-    return head + payload
-
-
-def unpack_array(buf: bytes | memoryview, *, verify: bool = False, what: str = "array"
-                 ) -> np.ndarray:
-    """Decode :func:`pack_array` output; zero-copy over ``buf`` (a read-only view)."""
-    if len(buf) < 8 or bytes(buf[:2]) != _MAGIC:
-        raise OperationalError(f"corrupt {what}: bad header (run `npmdb check`)")
-    _, code, ndim, crc = struct.unpack_from("<2sBBI", buf, 0)
-    if ndim > 8 or len(buf) < 8 + 8 * ndim:
-        raise OperationalError(f"corrupt {what}: bad header (ndim {ndim})")
-    shape = struct.unpack_from(f"<{ndim}Q", buf, 8)
-    hlen = 8 + 8 * ndim
-    hlen += -hlen % 16
-    dtype = _DTYPES.get(code)
-    if dtype is None:
-        raise OperationalError(f"corrupt {what}: unknown dtype code {code}")
-    n = 1
-    for d in shape:
-        n *= int(d)
-    if n > len(buf):
-        raise OperationalError(f"corrupt {what}: shape {shape} does not fit {len(buf)} bytes")
-    if len(buf) != hlen + n * dtype.itemsize:
-        raise OperationalError(f"corrupt {what}: {len(buf)} bytes, expected "
-                               f"{hlen + n * dtype.itemsize}")
-    arr = np.frombuffer(buf, dtype=dtype, count=n, offset=hlen).reshape(shape)
-    head_crc = zlib.crc32(bytes([code, ndim]) + bytes(buf[8:8 + 8 * ndim]))
-    if verify and zlib.crc32(memoryview(buf)[hlen:], head_crc) != crc:
-        raise OperationalError(f"corrupt {what}: checksum mismatch (the file was damaged); "
-                               "run `npmdb check` for a full report, then restore from a "
-                               "backup or re-add the affected documents")
-    return arr
-
 
 # -- vector codecs -----------------------------------------------------------------------
 

@@ -29,6 +29,8 @@ import numpy as np
 
 from npmdb.errors import NotSupportedError, OperationalError
 
+from .paths import fsync_path
+
 __all__ = ["DenseIndex", "HnswIndex", "FaissIndex", "GpuFlat", "build_dense", "load_dense",
            "INDEX_KINDS", "DenseParams", "faiss_gpu_available"]
 
@@ -295,11 +297,7 @@ def build_dense(kind: str, vectors: np.ndarray, labels: np.ndarray, params: Dens
     else:
         raise NotSupportedError(f"unknown dense index kind {kind!r}; choose one of {INDEX_KINDS}")
     idx.save(path)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(path)
 
 
 def load_dense(kind: str, path: Path, dim: int, params: DenseParams) -> DenseIndex:

@@ -10,22 +10,23 @@ written before it was recorded use ``LEGACY_CHUNK``). Index files live in
 
 from __future__ import annotations
 
-import os
-import shutil
 import threading
 import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from npmdb.errors import OperationalError
 
 from . import codec as C
+from . import format as F
 from .bm25 import BM25Index
 from .dense import DenseIndex, DenseParams, load_dense
+from .integrity import prune_sums, read_doc_crcs, read_sums, validate_index_files, verify_files
+from .paths import dense_path, fsync_path, remove_dir, segment_dir
 
 __all__ = ["CHUNK", "LEGACY_CHUNK", "chunk_rows", "COLUMNS", "SegmentColumns", "SegmentReader",
            "segment_dir", "dense_path", "write_columns", "write_vector_chunk",
@@ -41,14 +42,6 @@ def chunk_rows(info: dict) -> int:
     """Tokens per vector chunk of the segment described by ``info`` (its record)."""
     return int(info.get("chunk", LEGACY_CHUNK))
 COLUMNS = ("tokens", "flags", "offsets", "block_ptr", "block_doc")
-
-
-def segment_dir(root: Path, seg: int) -> Path:
-    return root / "segments" / f"s{seg:06d}"
-
-
-def dense_path(root: Path, seg: int, gen: int, side: str, kind: str) -> Path:
-    return segment_dir(root, seg) / f"g{gen}.{side}.{kind}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,17 +87,17 @@ class SegmentColumns:
 
 def write_columns(txn, dbs, seg: int, cols: dict[str, np.ndarray]) -> None:
     for name in COLUMNS:
-        txn.put(C.col_key(seg, name), C.pack_array(cols[name]), db=dbs["segcols"])
+        txn.put(F.col_key(seg, name), F.pack_array(cols[name]), db=dbs["segcols"])
 
 
 def write_vector_chunk(txn, dbs, gen: int, seg: int, chunk: int, stored: np.ndarray) -> None:
-    txn.put(C.vec_key(gen, seg, chunk), C.pack_array(stored), db=dbs["vectors"])
+    txn.put(F.vec_key(gen, seg, chunk), F.pack_array(stored), db=dbs["vectors"])
 
 
 def delete_segment_data(txn, dbs, seg: int, *, gens: list[int] | None = None,
                         docs: bool = True) -> None:
     """Remove a segment's LMDB data (all generations' vectors, or just ``gens``)."""
-    prefix = C.u32(seg)
+    prefix = F.u32(seg)
     targets = [("segcols", prefix), ("docs", prefix)] if docs else []
     for name, pfx in targets:
         cur = txn.cursor(db=dbs[name])
@@ -118,11 +111,10 @@ def delete_segment_data(txn, dbs, seg: int, *, gens: list[int] | None = None,
             txn.delete(key, db=dbs["docids"])
     cur = txn.cursor(db=dbs["vectors"])
     keys = [k for k in cur.iternext(keys=True, values=False)
-            if k[4:8] == prefix and (gens is None or C.read_u32(k) in gens)]
+            if k[4:8] == prefix and (gens is None or F.read_u32(k) in gens)]
     for k in keys:
         txn.delete(k, db=dbs["vectors"])
     if gens is not None and not docs:  # their index files go too: forget their checksums
-        from npmdb.check import prune_sums
         prune_sums(txn, dbs, seg, gens)
 
 
@@ -142,15 +134,14 @@ class SegmentReader:
         self._bm25: BM25Index | None = None
         self._dense: dict[tuple[int, str], DenseIndex] = {}
         self._docs: OrderedDict[int, StoredDoc] = OrderedDict()
-        self._folded: dict[int, tuple[str, str | None]] = {}  # text, fold_view(text)
+        self._views: dict[int, tuple[str, Any]] = {}  # text, view(text): see doc_view
         self._lock = threading.Lock()
         self._verified: set[tuple[int, int]] = set()  # vector chunks whose CRC was checked
         self._doc_crcs: np.ndarray | None = None
 
     def _verify_files(self, rels) -> None:
         """Check index files against the checksums recorded for this segment (see
-        :mod:`npmdb.check`) before a library that trusts them loads them."""
-        from npmdb.check import read_sums, verify_files
+        :mod:`npmdb.storage.integrity`) before a library that trusts them loads them."""
         with self.env.read() as t:
             sums = read_sums(t, self.env.dbs, self.seg)
         if sums:
@@ -170,10 +161,10 @@ class SegmentReader:
         def load(t):
             arrs = {}
             for name in COLUMNS:
-                raw = t.get(C.col_key(self.seg, name), db=self.env.dbs["segcols"])
+                raw = t.get(F.col_key(self.seg, name), db=self.env.dbs["segcols"])
                 if raw is None:
                     raise OperationalError(f"segment {self.seg} is missing its {name!r} column")
-                arrs[name] = C.unpack_array(raw, verify=True, what=f"segment {self.seg} {name}").copy()
+                arrs[name] = F.unpack_array(raw, verify=True, what=f"segment {self.seg} {name}").copy()
             return arrs
         if txn is None:
             with self.env.read() as t:
@@ -207,14 +198,14 @@ class SegmentReader:
         return self.codec.decode(raw)
 
     def _chunk(self, txn, gen: int, ch: int) -> np.ndarray:
-        raw = txn.get(C.vec_key(gen, self.seg, ch), db=self.env.dbs["vectors"])
+        raw = txn.get(F.vec_key(gen, self.seg, ch), db=self.env.dbs["vectors"])
         if raw is None:
             raise OperationalError(f"segment {self.seg} has no vectors for generation {gen} "
                                    f"(chunk {ch}); the database is incomplete")
         if (gen, ch) in self._verified:
-            return C.unpack_array(raw, what=f"vectors g{gen} s{self.seg} c{ch}")
+            return F.unpack_array(raw, what=f"vectors g{gen} s{self.seg} c{ch}")
         try:  # the CRC of each chunk is checked the first time this process reads it
-            arr = C.unpack_array(raw, verify=True, what=f"vectors g{gen} s{self.seg} c{ch}")
+            arr = F.unpack_array(raw, verify=True, what=f"vectors g{gen} s{self.seg} c{ch}")
         except OperationalError as exc:
             raise OperationalError(
                 f"segment {self.seg}: vector chunk {ch} of embedding generation {gen} is "
@@ -280,16 +271,16 @@ class SegmentReader:
 
     # -- documents --------------------------------------------------------------------
 
-    def folded(self, txn, local: int) -> tuple[str, str | None]:
-        """A document's text and its :func:`~npmdb.boundaries.fold_view` (kept, so answer
-        keys are slices, not per-answer folds)."""
-        got = self._folded.get(local)
+    def doc_view(self, txn, local: int, view: Callable[[str], Any]) -> tuple[str, Any]:
+        """A document's text and ``view(text)``, kept for the next call (the query layer
+        keeps its folded text here, so answer keys are slices, not per-answer folds; one
+        view function per reader)."""
+        got = self._views.get(local)
         if got is None:
-            from npmdb.boundaries import fold_view
-            if len(self._folded) > 50_000:
-                self._folded.clear()
+            if len(self._views) > 50_000:
+                self._views.clear()
             text = self.doc(txn, local).text
-            got = self._folded[local] = (text, fold_view(text))
+            got = self._views[local] = (text, view(text))
         return got
 
     def doc(self, txn, local: int) -> StoredDoc:
@@ -297,18 +288,17 @@ class SegmentReader:
         if d is not None:
             self._docs.move_to_end(local)
             return d
-        raw = txn.get(C.doc_key(self.seg, local), db=self.env.dbs["docs"])
+        raw = txn.get(F.doc_key(self.seg, local), db=self.env.dbs["docs"])
         if raw is None:
             raise OperationalError(f"document {local} of segment {self.seg} is missing")
         if self._doc_crcs is None:
-            from npmdb.check import read_doc_crcs
             self._doc_crcs = read_doc_crcs(txn, self.env.dbs, self.seg)
         if self._doc_crcs is not None and 0 <= local < len(self._doc_crcs) and \
                 zlib.crc32(raw) != int(self._doc_crcs[local]):
             raise OperationalError(
                 f"segment {self.seg}: document {local} is corrupt (checksum mismatch); run "
                 f"`npmdb check {self.root}` for a full report")
-        v = C.unpack(raw)
+        v = F.unpack(raw)
         d = StoredDoc(self.seg, local, v["id"], v["title"], v["text"], v.get("meta") or {})
         self._docs[local] = d
         if len(self._docs) > 50_000:
@@ -316,18 +306,8 @@ class SegmentReader:
         return d
 
 
-def remove_dir(path: Path) -> None:
-    if path.exists():
-        shutil.rmtree(path, ignore_errors=True)
-
-
 def fsync_dir(path: Path) -> None:
-    # Called on a directory of new index files before the commit that references them:
-    # hnswlib reports no write errors (a full disk leaves a short file), so walk them first.
-    from npmdb.check import validate_index_files
+    """fsync a directory of new index files before the commit that references them;
+    hnswlib reports no write errors (a full disk leaves a short file), so walk them first."""
     validate_index_files(path)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(path)

@@ -14,7 +14,7 @@ from typing import Any
 
 from npmdb.errors import ProgrammingError
 
-from . import codec as C
+from . import format as F
 
 __all__ = ["Manifest", "get_meta", "put_meta", "head", "get_version", "put_version",
            "resolve", "list_versions", "set_tag", "tags_of", "next_id"]
@@ -49,11 +49,11 @@ class Manifest:
 
 def get_meta(txn, dbs, key: str, default: Any = None) -> Any:
     raw = txn.get(key.encode(), db=dbs["meta"])
-    return default if raw is None else C.unpack(raw)
+    return default if raw is None else F.unpack(raw)
 
 
 def put_meta(txn, dbs, key: str, value: Any) -> None:
-    txn.put(key.encode(), C.pack(value), db=dbs["meta"])
+    txn.put(key.encode(), F.pack(value), db=dbs["meta"])
 
 
 def next_id(txn, dbs, counter: str) -> int:
@@ -67,31 +67,31 @@ def head(txn, dbs) -> Manifest | None:
 
 
 def get_version(txn, dbs, vid: int) -> Manifest:
-    raw = txn.get(C.u64(vid), db=dbs["versions"])
+    raw = txn.get(F.u64(vid), db=dbs["versions"])
     if raw is None:
         raise ProgrammingError(f"no version {vid}: see db.versions() for the versions that exist")
-    return Manifest.from_dict(C.unpack(raw))
+    return Manifest.from_dict(F.unpack(raw))
 
 
 def put_version(txn, dbs, m: Manifest) -> None:
-    txn.put(C.u64(m.id), C.pack(m.to_dict()), db=dbs["versions"])
+    txn.put(F.u64(m.id), F.pack(m.to_dict()), db=dbs["versions"])
 
 
 def list_versions(txn, dbs) -> list[Manifest]:
     cur = txn.cursor(db=dbs["versions"])
-    return [Manifest.from_dict(C.unpack(v)) for _, v in cur]
+    return [Manifest.from_dict(F.unpack(v)) for _, v in cur]
 
 
 def tags_of(txn, dbs) -> dict[str, int]:
     cur = txn.cursor(db=dbs["tags"])
-    return {bytes(k).decode(): int(C.unpack(v)) for k, v in cur}
+    return {bytes(k).decode(): int(F.unpack(v)) for k, v in cur}
 
 
 def set_tag(txn, dbs, name: str, vid: int) -> None:
     if not isinstance(name, str) or not name or name.isdigit() or name.upper() == "HEAD":
         raise ProgrammingError(f"invalid tag name {name!r}: use a non-empty name that is not "
                                "a number and not HEAD")
-    txn.put(name.encode(), C.pack(int(vid)), db=dbs["tags"])
+    txn.put(name.encode(), F.pack(int(vid)), db=dbs["tags"])
 
 
 def resolve(txn, dbs, ref: int | str | None) -> Manifest:

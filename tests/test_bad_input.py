@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import npmdb
-from npmdb.storage import codec as C
+from npmdb.storage import format as SF
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -382,7 +382,7 @@ def test_a_truncated_or_replaced_data_file_is_refused_at_open(damaged, how):
 
 
 def test_a_flipped_byte_in_a_vector_value_is_detected_not_answered_from(damaged):
-    raw = _raw(damaged, "vectors", C.vec_key(0, 1, 0))
+    raw = _raw(damaged, "vectors", SF.vec_key(0, 1, 0))
     _flip_in_mdb(damaged, raw, len(raw) - 7)
     with npmdb.open(damaged, readonly=True, progress=False) as d:
         with pytest.raises(npmdb.OperationalError, match=r"segment 1: vector chunk 0 .*corrupt"
@@ -395,7 +395,7 @@ def test_a_flipped_byte_in_a_vector_value_is_detected_not_answered_from(damaged)
 
 
 def test_a_flipped_byte_in_a_document_is_detected(damaged):
-    raw = _raw(damaged, "docs", C.doc_key(1, 3))
+    raw = _raw(damaged, "docs", SF.doc_key(1, 3))
     _flip_in_mdb(damaged, raw, len(raw) - 4)
     with npmdb.open(damaged, readonly=True, progress=False) as d:
         with pytest.raises(npmdb.OperationalError, match="document 3 is corrupt"):
@@ -470,9 +470,9 @@ def test_a_healthy_database_checks_clean(db):
     assert rep.clean, rep
     assert rep.counts["vector_chunks"] >= 2 and rep.counts["files"] >= 10
     with db.env.read() as t:
-        from npmdb.check import read_doc_crcs
+        from npmdb.storage.integrity import read_doc_crcs
         crcs = read_doc_crcs(t, db.env.dbs, 1)
-        assert zlib.crc32(t.get(C.doc_key(1, 0), db=db.env.dbs["docs"])) == int(crcs[0])
+        assert zlib.crc32(t.get(SF.doc_key(1, 0), db=db.env.dbs["docs"])) == int(crcs[0])
 
 
 # == fuzzing (the bench runs 10,000 cases per target: python -m bench.faults --fuzz 10000) =====

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import npmdb
-from npmdb.storage import codec as C
+from npmdb.storage import format as F
 from npmdb.storage import segments as S
 
 QUERIES = ["Salem is located in [MASK].", "The capital of Peru is [MASK].",
@@ -21,7 +21,7 @@ def _answers(db, **kw):
 
 def _segment_infos(db) -> dict[int, dict]:
     with db.env.read() as txn:
-        return {int.from_bytes(bytes(k), "big"): C.unpack(v)
+        return {int.from_bytes(bytes(k), "big"): F.unpack(v)
                 for k, v in txn.cursor(db=db.env.dbs["segments"])}
 
 
@@ -86,9 +86,9 @@ def test_a_segment_without_a_recorded_chunk_size_reads_as_legacy(tmp_path, tiny_
 
         def drop(txn):   # what a database written before chunk sizes were recorded holds
             for key, value in list(txn.cursor(db=db.env.dbs["segments"])):
-                info = C.unpack(value)
+                info = F.unpack(value)
                 info.pop("chunk")
-                txn.put(bytes(key), C.pack(info), db=db.env.dbs["segments"])
+                txn.put(bytes(key), F.pack(info), db=db.env.dbs["segments"])
         db.env.write(drop)
     monkeypatch.setattr(S, "CHUNK", 65536)
     with npmdb.open(path, progress=False) as db:

@@ -9,6 +9,7 @@ import pytest
 import npmdb
 from npmdb.errors import DataError, OperationalError
 from npmdb.storage import codec as C
+from npmdb.storage import format as F
 
 QUERY = "The capital of France is [MASK]."
 
@@ -67,7 +68,7 @@ def test_pq_tiny_sample_and_determinism():
 
 def test_pq_state_round_trip_and_corruption():
     pq = C.PQSpec().train(_clustered(500, 32))
-    state = C.unpack(C.pack(pq.state()))  # what LMDB holds: msgpack + packed array, no pickle
+    state = F.unpack(F.pack(pq.state()))  # what LMDB holds: msgpack + packed array, no pickle
     again = C.PQCodec.from_state(pq.name, state)
     codes = pq.encode(_clustered(10, 32, seed=3))
     assert np.array_equal(again.decode(codes), pq.decode(codes))
@@ -106,13 +107,13 @@ def codec_dbs(tmp_path_factory, tiny_encoder, sample_corpus):
 def _segment_infos(db) -> list[dict]:
     with db.env.read() as txn:
         cur = txn.cursor(db=db.env.dbs["segments"])
-        return [C.unpack(v) for _, v in cur.iternext()]
+        return [F.unpack(v) for _, v in cur.iternext()]
 
 
 def _stored_width(db) -> set[int]:
     with db.env.read() as txn:
         cur = txn.cursor(db=db.env.dbs["vectors"])
-        return {C.unpack_array(v).shape[1] for v in cur.iternext(keys=False, values=True)}
+        return {F.unpack_array(v).shape[1] for v in cur.iternext(keys=False, values=True)}
 
 
 def test_codec_databases_store_their_width(codec_dbs):
@@ -135,7 +136,7 @@ def test_pq_state_lives_in_lmdb_and_names_the_segments(codec_dbs):
         (name,) = names
         assert name.startswith("pq8:")
         with db.env.read() as txn:
-            assert C.unpack(txn.get(C.CODEC_STATE_KEY.encode(), db=db.env.dbs["meta"])) == name
+            assert F.unpack(txn.get(C.CODEC_STATE_KEY.encode(), db=db.env.dbs["meta"])) == name
             assert txn.get(f"codec:{name}".encode(), db=db.env.dbs["meta"]) is not None
         assert C.load_codec(db.env, "pq").name == name
         assert C.load_codec(db.env, name).name == name

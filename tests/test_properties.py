@@ -18,7 +18,8 @@ from npmdb.boundaries import (
     PUNCT, STOPWORD, STOPWORDS, VALID_END, VALID_START, WORD_END, WORD_START, token_flags,
 )
 from npmdb.boundaries import fold_view
-from npmdb.storage.codec import Float16Codec, Int8Codec, cast, pack_array, unpack_array
+from npmdb.storage.codec import Float16Codec, Int8Codec, cast
+from npmdb.storage.format import pack_array, unpack_array
 
 
 def fold(s: str) -> str:

@@ -185,17 +185,17 @@ def _apply(state: set[str], change) -> set[str]:
 
 
 def _check_clean(db) -> None:
-    from npmdb.storage import codec as C
+    from npmdb.storage import format as F
     from npmdb.storage import versions as V
 
     seg_root = db.path / "segments"
     with db.env.read() as txn:
-        records = {C.read_u32(bytes(k)) for k in
+        records = {F.read_u32(bytes(k)) for k in
                    txn.cursor(db=db.env.dbs["segments"]).iternext(values=False)}
         nxt = int(V.get_meta(txn, db.env.dbs, "next_segment", 1))
         assert not V.get_meta(txn, db.env.dbs, "trash", [])
         for k in txn.cursor(db=db.env.dbs["vectors"]).iternext(values=False):
-            assert C.read_u32(bytes(k), 4) < nxt
+            assert F.read_u32(bytes(k), 4) < nxt
         head = V.head(txn, db.env.dbs)
     if seg_root.exists():
         for p in seg_root.iterdir():
