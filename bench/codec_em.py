@@ -44,8 +44,8 @@ def run(db_path: Path, data: Path, work: Path, codecs=CODECS, log=print) -> dict
                 cdb.add(data / "corpus.jsonl.gz")
                 built = time.perf_counter() - t0
                 em = {m: evaluate_cloze(cdb, rows, m)["em_micro"] for m in MODES}
-                from npmdb.ingest import segment_codec
-                bpv = segment_codec(cdb).bytes_per_vector(enc.hidden_size)
+                from npmdb.storage.codec import load_codec
+                bpv = load_codec(cdb.env, cdb.config["codec"]).bytes_per_vector(enc.hidden_size)
             out["codecs"][codec] = {"bytes_per_vector": bpv, "em": em, "build_s": built,
                                     "em_delta": {m: em[m] - ref[m] for m in MODES}}
             log(f"{codec}: {em} (Δ {out['codecs'][codec]['em_delta']})")

@@ -84,7 +84,7 @@ def build_replayed(path: Path, source: Path, docs: list[dict], *, codec: str = "
         real = src.encoder_for(0)
         db = npmdb.open(path, encoder=real.info.path, codec=codec, dense=dense, progress=False)
     with npmdb.open(source, readonly=True, progress=False) as src, db:
-        db._encoders[0] = ReplayEncoder(src.encoder_for(0), src)  # noqa: SLF001 - bench plumbing
+        db._encoders.put(0, ReplayEncoder(src.encoder_for(0), src))  # noqa: SLF001 - bench plumbing
         db.add(docs)
         tokens = db.stats()["tokens"]
     s = time.perf_counter() - t0

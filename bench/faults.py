@@ -109,10 +109,9 @@ def make_tiny_encoder(path: Path, *, seed: int = 0, hidden: int = 32) -> Path:
 
 def _install_point(name: str, k: int, note: Callable[[str], None]) -> None:
     """Make the k-th call of fault point ``name`` SIGKILL this process."""
-    import npmdb.database
+    import npmdb.encoders
     import npmdb.generations
-    import npmdb.ingest
-    import npmdb.maintenance
+    from npmdb.storage import cleanup, segment_writer, segments
     from npmdb.storage import env as E
 
     calls = [0]
@@ -133,17 +132,17 @@ def _install_point(name: str, k: int, note: Callable[[str], None]) -> None:
             return out
         return hooked
 
-    mods = (npmdb.ingest, npmdb.maintenance, npmdb.generations)
     targets = {
         "lmdb.write": [(E.Env, "write", False)],
         "lmdb.write.after": [(E.Env, "write", True)],
         "os.replace": [(os, "replace", False)],
         "os.replace.after": [(os, "replace", True)],
-        "fsync_dir": [(m, "fsync_dir", False) for m in mods],
-        "build_dense": [(npmdb.ingest, "build_dense", True)],
-        "build_bm25": [(npmdb.ingest, "build_bm25", True)],
-        "remove_dir": [(m, "remove_dir", False) for m in (*mods, npmdb.database)],
-        "save_checkpoint": [(npmdb.generations, "_save_checkpoint", True)],
+        "fsync_dir": [(segments, "fsync_dir", False), (npmdb.encoders, "fsync_dir", False)],
+        "build_dense": [(segment_writer, "build_dense", True)],
+        "build_bm25": [(segment_writer, "build_bm25", True)],
+        "remove_dir": [(m, "remove_dir", False) for m in (segment_writer, cleanup,
+                                                          npmdb.encoders)],
+        "save_checkpoint": [(npmdb.generations, "save_checkpoint", True)],
         "sync": [(E.Env, "sync", False)],
     }[name]
     for obj, attr, after in targets:
@@ -223,6 +222,7 @@ def worker_main(db_path: str, encoder: str) -> None:
 
     import npmdb  # noqa: F401
     import npmdb.database, npmdb.generations, npmdb.ingest, npmdb.maintenance  # noqa: F401,E401
+    import npmdb.storage.segment_writer  # noqa: F401
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     model = AutoModel.from_pretrained(encoder, local_files_only=True)

@@ -110,9 +110,11 @@ def stages(docs: list[dict], work: Path, queries: list[str]) -> dict:
     import npmdb
     from npmdb.boundaries import VALID_END, VALID_START
     from npmdb.corpus import Document
-    from npmdb.ingest import _block_docs, encode_and_store, prepare
+    from npmdb.ingest import prepare
+    from npmdb.ingest.local import encode_into
     from npmdb.storage.bm25 import build_bm25
     from npmdb.storage.dense import build_dense, load_dense
+    from npmdb.storage.segment_writer import SegmentWriter, no_bar
 
     path = work / "stages"
     out: dict[str, Any] = {}
@@ -134,7 +136,12 @@ def stages(docs: list[dict], work: Path, queries: list[str]) -> dict:
         out["encode_wall_us_per_token"] = (time.perf_counter() - t0) / n * 1e6
         lm0 = _lmdb_used(db)
         t0 = time.perf_counter()
-        starts_ends = encode_and_store(db, enc, prep, 1, 0, progress=False)
+        sw = SegmentWriter(db.env, db.path, 1, 0, codec=db.config["codec"],
+                           dense=db.config["dense"], params=db.dense_params, dim=enc.hidden_size)
+        sw.add_documents(prep.docs, prep.columns())
+        encode_into(sw, enc, prep.tokens, prep.block_ptr, no_bar(n, "", ""))
+        sides = sw.index_vectors()
+        starts_ends = (*sides["start"], *sides["end"])
         out["encode_and_store_wall_us_per_token"] = (time.perf_counter() - t0) / n * 1e6
         out["vector_bytes_per_token"] = _lmdb_used(db) - lm0
         out["vector_bytes_per_token"] /= n
@@ -143,7 +150,7 @@ def stages(docs: list[dict], work: Path, queries: list[str]) -> dict:
         tmp = work / "stage-index"
         tmp.mkdir(parents=True, exist_ok=True)
         c0 = time.process_time()
-        build_bm25(tmp / "bm25", _block_docs(prep))
+        build_bm25(tmp / "bm25", sw.block_docs(prep.columns()))
         out["bm25_cpu_us_per_token"] = (time.process_time() - c0) / n * 1e6
         out["bm25_bytes_per_token"] = _dir_bytes(tmp / "bm25") / n
         dense = {}
@@ -168,9 +175,8 @@ def stages(docs: list[dict], work: Path, queries: list[str]) -> dict:
             dense[kind]["segment_vectors"] = len(idx)
         out["dense"] = dense
         # documents and token columns, as stored by the local path
-        from npmdb.ingest import store_documents
         lm0 = _lmdb_used(db)
-        store_documents(db, 1, prep)
+        sw.store_documents(prep.columns())
         out["docs_and_columns_bytes_per_token"] = (_lmdb_used(db) - lm0) / n
     out["driver_max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     shutil.rmtree(path, ignore_errors=True)

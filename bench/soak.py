@@ -193,7 +193,7 @@ def reader(path: str, seconds: float, out: str, seed: int, initial_map: int) -> 
                         ids = set()
                         for seg in snap.segments:
                             dead = set(m.deleted.get(seg.seg, ()))
-                            for local in range(int(seg.info["docs"])):
+                            for local in range(seg.record.docs):
                                 if local not in dead:
                                     ids.add(seg.doc(snap.txn, local).id)
                                     n += 1

@@ -12,6 +12,7 @@ import re
 import time
 import zlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -24,7 +25,7 @@ from npmdb.storage.integrity import (
 from npmdb.storage.paths import segment_dir
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .database import Database
+    from npmdb.storage.env import Env
 
 __all__ = ["check", "CheckReport", "Problem"]
 
@@ -88,12 +89,12 @@ class CheckReport:
 
 
 class _Checker:
-    def __init__(self, db: "Database", deep: bool) -> None:
-        self.db = db
-        self.root = db.path
-        self.dbs = db.env.dbs
+    def __init__(self, env: "Env", root: Path, deep: bool) -> None:
+        self.env = env
+        self.root = Path(root)
+        self.dbs = env.dbs
         self.deep = deep
-        self.report = CheckReport(str(db.path))
+        self.report = CheckReport(str(root))
         self.counts = self.report.counts
         for k in ("versions", "segments", "documents", "arrays", "vector_chunks", "files",
                   "bytes"):
@@ -118,7 +119,7 @@ class _Checker:
         t0 = time.perf_counter()
         from npmdb.storage import versions as V
 
-        with self.db.env.read() as txn:
+        with self.env.read() as txn:
             meta = {}
             for k, v in txn.cursor(db=self.dbs["meta"]):
                 meta[bytes(k).decode(errors="replace")] = self.unpack(v, f"meta {bytes(k)!r}")
@@ -152,12 +153,14 @@ class _Checker:
             for name, vid in V.tags_of(txn, self.dbs).items():
                 if vid not in versions:
                     self.err(f"tag {name!r}", f"names version {vid}, which does not exist")
-            records: dict[int, dict] = {}
+            records: dict[int, F.SegmentRecord] = {}
             for k, v in txn.cursor(db=self.dbs["segments"]):
                 s = F.read_u32(bytes(k))
                 rec = self.unpack(v, f"segment {s}")
-                if isinstance(rec, dict):
-                    records[s] = rec
+                try:
+                    records[s] = F.SegmentRecord.from_dict(rec)
+                except Exception as exc:  # noqa: BLE001 - a damaged record is a finding
+                    self.err(f"segment {s}", f"unreadable segment record: {exc}")
             needed: dict[int, set[int]] = {}  # segment -> generations some version reads
             for m in versions.values():
                 where = f"version {m.id}"
@@ -171,7 +174,7 @@ class _Checker:
                         continue
                     needed.setdefault(s, set()).add(m.generation)
                     dead = m.deleted.get(s, ())
-                    n = int(records[s].get("docs", 0))
+                    n = records[s].docs
                     if any(not 0 <= x < n for x in dead):
                         self.err(where, f"deletes documents outside segment {s} (0..{n - 1})")
                     docs += n - len(set(dead))
@@ -192,7 +195,7 @@ class _Checker:
         self.report.seconds = time.perf_counter() - t0
         return self.report
 
-    def segment(self, txn, s: int, rec: dict, gens: set[int], config: dict,
+    def segment(self, txn, s: int, rec: F.SegmentRecord, gens: set[int], config: dict,
                 next_gen: int) -> None:
         where = f"segment {s}"
         self.counts["segments"] += 1
@@ -208,7 +211,7 @@ class _Checker:
                 self.counts["arrays"] += 1
             except Error as exc:
                 self.err(where, str(exc))
-        n_docs = int(rec.get("docs", 0))
+        n_docs = rec.docs
         n_tok = None
         if len(cols) == len(COLUMNS):
             n_tok = self.columns(where, cols, rec, n_docs)
@@ -255,8 +258,7 @@ class _Checker:
                 self.err(where, "token offsets point past the end of their document's text")
         # vectors (codec-agnostic: one row per token, the same width in every chunk)
         if n_tok is not None:
-            from npmdb.storage.segments import chunk_rows
-            rows_per = chunk_rows(rec)
+            rows_per = rec.chunk
             n_chunks = (n_tok + rows_per - 1) // rows_per
             for g in sorted(gens):
                 width = None
@@ -279,7 +281,7 @@ class _Checker:
                                         f"{arr.shape}, expected {(rows, *width)}")
         self.files(s, rec, gens, next_gen, txn)
 
-    def columns(self, where: str, cols: dict, rec: dict, n_docs: int) -> int | None:
+    def columns(self, where: str, cols: dict, rec: F.SegmentRecord, n_docs: int) -> int | None:
         tok, flags, offs, ptr, bdoc = (cols[k] for k in ("tokens", "flags", "offsets",
                                                          "block_ptr", "block_doc"))
         n = len(tok)
@@ -291,17 +293,17 @@ class _Checker:
             self.err(where, "its token columns are inconsistent (lengths, block pointers or "
                             "document numbers)")
             return None
-        if int(rec.get("tokens", n)) != n or int(rec.get("blocks", len(bdoc))) != len(bdoc):
-            self.err(where, f"its record counts {rec.get('tokens')} tokens / {rec.get('blocks')} "
+        if rec.tokens != n or rec.blocks != len(bdoc):
+            self.err(where, f"its record counts {rec.tokens} tokens / {rec.blocks} "
                             f"blocks, its columns hold {n} / {len(bdoc)}")
         return n
 
-    def files(self, s: int, rec: dict, gens: set[int], next_gen: int, txn) -> None:
+    def files(self, s: int, rec: F.SegmentRecord, gens: set[int], next_gen: int, txn) -> None:
         where = f"segment {s}"
         d = segment_dir(self.root, s)
         sums = read_sums(txn, self.dbs, s)
         present = segment_files(self.root, s)
-        kind = rec.get("dense", "hnsw")
+        kind = rec.dense
         if not d.is_dir():
             self.err(where, f"its directory {d.relative_to(self.root)} is missing")
             return
@@ -408,7 +410,7 @@ class _Checker:
                     self.err(where, f"its encoder checkpoint {ck} is corrupt (sha256 mismatch)")
 
 
-def check(db: "Database", *, deep: bool = True) -> CheckReport:
+def check(env: "Env", root: Path, *, deep: bool = True) -> CheckReport:
     """Verify a database: every array's CRC32, every document's checksum, every index
     file's size and CRC32 (and the structure of hnswlib files), the references between
     versions, segments, generations and files, and leftovers of killed writers.
@@ -417,5 +419,4 @@ def check(db: "Database", *, deep: bool = True) -> CheckReport:
     Nothing is changed. Errors mean damage (restore from a backup); warnings are leftovers
     that the next writer or ``vacuum`` removes, or checksums the next writer records.
     """
-    db._check_open()
-    return _Checker(db, deep).run()
+    return _Checker(env, root, deep).run()

@@ -44,7 +44,7 @@ class Snapshot:
         if si in self._allowed:
             return self._allowed[si]
         seg = self.segments[si]
-        n_docs = int(seg.info["docs"])
+        n_docs = seg.record.docs
         mask = None
         dead = self.manifest.deleted.get(seg.seg)
         if dead:

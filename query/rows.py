@@ -102,7 +102,7 @@ class ScanDocuments(Operator):
         rows: list[dict] = []
         for si, seg in enumerate(snap.segments):
             allowed = snap.allowed_docs(si)
-            n_docs = int(seg.info["docs"])
+            n_docs = seg.record.docs
             locals_ = range(n_docs) if allowed is None else np.flatnonzero(allowed).tolist()
             for local in locals_:
                 if self.stop_after is not None and len(rows) >= self.stop_after:

@@ -1,10 +1,10 @@
-"""The LMDB environment: sub-databases, map growth, transactions, the writer lock."""
+"""The LMDB environment: sub-databases, map growth, transactions (the writer lock is the
+Writer's: :mod:`npmdb.storage.transaction`)."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 import threading
 import time
@@ -15,7 +15,7 @@ import lmdb
 
 from npmdb.errors import OperationalError
 
-__all__ = ["Env", "SUBDBS", "WriterLock"]
+__all__ = ["Env", "SUBDBS"]
 
 T = TypeVar("T")
 
@@ -314,70 +314,6 @@ class Env:
             if _is_enospc(exc):
                 raise OperationalError(f"the disk is full ({self.path}): {exc}") from exc
             raise OperationalError(f"cannot sync {self.path} to disk: {exc}") from exc
-
-
-class WriterLock:
-    """An exclusive, process-level writer lock (``flock`` on ``write.lock``).
-
-    LMDB serialises write transactions itself, but npmdb does long work (encoding, index
-    builds) before its commit transaction, so a whole change holds this lock.
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path) / "write.lock"
-        self.fd: int | None = None
-        self.depth = 0
-
-    def acquire(self, timeout: float = 0.0) -> None:
-        if self.fd is not None:
-            self.depth += 1
-            return
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise OperationalError(f"cannot open the writer lock {self.path}: {exc}") from exc
-        deadline = time.monotonic() + max(timeout, 0.0)
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    holder = _read_pid(fd)
-                    os.close(fd)
-                    who = f" (pid {holder})" if holder else ""
-                    raise OperationalError(
-                        f"the database {self.path.parent} is locked by another writer{who}; "
-                        "wait for it to finish, or pass timeout= to wait") from None
-                time.sleep(0.05)
-        try:  # the pid is informational; a full disk must not stop the writer here
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, str(os.getpid()).encode(), 0)
-        except OSError:
-            pass
-        self.fd = fd
-        self.depth = 1
-
-    def release(self) -> None:
-        if self.fd is None:
-            return
-        self.depth -= 1
-        if self.depth > 0:
-            return
-        fcntl.flock(self.fd, fcntl.LOCK_UN)
-        os.close(self.fd)
-        self.fd = None
-
-    @property
-    def held(self) -> bool:
-        return self.fd is not None
-
-
-def _read_pid(fd: int) -> int | None:
-    try:
-        return int(os.pread(fd, 32, 0).decode().strip() or 0) or None
-    except (OSError, ValueError):
-        return None
 
 
 def _next_pow2(n: int) -> int:

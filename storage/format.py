@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import struct
 import zlib
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
@@ -20,6 +21,8 @@ __all__ = [
     "u32", "u64", "read_u32", "read_u64", "doc_key", "docid_key", "docid_prefix", "col_key",
     "vec_key", "pack", "unpack", "pack_array", "unpack_array",
     "VALID_START", "VALID_END", "WORD_START", "WORD_END", "STOPWORD", "PUNCT",
+    "SegmentRecord", "GenerationRecord", "LEGACY_CHUNK", "put_segment", "get_segment",
+    "put_generation", "get_generation",
 ]
 
 # -- per-token flag bits (uint8), stored with every block ------------------------------------
@@ -140,3 +143,100 @@ def unpack_array(buf: bytes | memoryview, *, verify: bool = False, what: str = "
                                "run `npmdb check` for a full report, then restore from a "
                                "backup or re-add the affected documents")
     return arr
+
+
+# -- typed records: one place writes them and reads them --------------------------------------
+
+LEGACY_CHUNK = 4096  # tokens per vector chunk of segments whose record has no "chunk"
+
+
+@dataclass(frozen=True)
+class SegmentRecord:
+    """What a segment is (the ``segments`` table, key ``u32(id)``): written once, by the
+    commit that first names the segment, and never changed.
+
+    ``codec`` is the full name of the codec its vectors were stored with (a trained codec's
+    name carries its state's hash: ``pq96:3f2a…``); ``dense`` the dense index kind;
+    ``chunk`` the tokens per vector chunk; ``gens`` the generation it was written with;
+    ``merged_from`` the segments an ``optimize`` merged into it.
+    """
+
+    id: int
+    docs: int
+    blocks: int
+    tokens: int
+    dim: int
+    codec: str
+    dense: str
+    chunk: int
+    gens: tuple[int, ...]
+    created: float
+    seconds: float = 0.0
+    engine: str = "local"
+    merged_from: tuple[int, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"id": self.id, "docs": self.docs, "blocks": self.blocks,
+                             "tokens": self.tokens, "dim": self.dim, "codec": self.codec,
+                             "dense": self.dense, "chunk": self.chunk, "gens": list(self.gens),
+                             "created": self.created, "seconds": self.seconds}
+        if self.engine != "local":
+            d["engine"] = self.engine
+        if self.merged_from:
+            d["merged_from"] = list(self.merged_from)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "SegmentRecord":
+        return cls(int(d["id"]), int(d["docs"]), int(d["blocks"]), int(d["tokens"]),
+                   int(d["dim"]), str(d.get("codec", "float16")), str(d.get("dense", "hnsw")),
+                   int(d.get("chunk", LEGACY_CHUNK)), tuple(int(g) for g in d.get("gens", ())),
+                   float(d.get("created", 0.0)), float(d.get("seconds", 0.0)),
+                   str(d.get("engine", "local")),
+                   tuple(int(s) for s in d.get("merged_from", ())))
+
+
+@dataclass(frozen=True)
+class GenerationRecord:
+    """An embedding generation (the ``generations`` table, key ``u32(id)``): the encoder that
+    made a set of vectors. ``encoder`` is the encoder's identity (name, path, sha256
+    fingerprint, hidden size); ``checkpoint`` its directory inside the database (None for
+    generation 0, the encoder the database was made with); ``parent`` the generation it
+    was trained from; ``steps`` the training steps behind it."""
+
+    id: int
+    encoder: dict[str, Any]
+    created: float
+    parent: int | None = None
+    checkpoint: str | None = None
+    steps: int = 0
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "encoder": dict(self.encoder), "created": self.created,
+                "parent": self.parent, "checkpoint": self.checkpoint, "steps": self.steps,
+                "info": dict(self.info)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "GenerationRecord":
+        return cls(int(d["id"]), dict(d["encoder"]), float(d.get("created", 0.0)),
+                   d.get("parent"), d.get("checkpoint"), int(d.get("steps", 0)),
+                   dict(d.get("info") or {}))
+
+
+def put_segment(txn, dbs, rec: SegmentRecord) -> None:
+    txn.put(u32(rec.id), pack(rec.to_dict()), db=dbs["segments"])
+
+
+def get_segment(txn, dbs, seg: int) -> SegmentRecord | None:
+    raw = txn.get(u32(seg), db=dbs["segments"])
+    return None if raw is None else SegmentRecord.from_dict(unpack(raw))
+
+
+def put_generation(txn, dbs, rec: GenerationRecord) -> None:
+    txn.put(u32(rec.id), pack(rec.to_dict()), db=dbs["generations"])
+
+
+def get_generation(txn, dbs, gen: int) -> GenerationRecord | None:
+    raw = txn.get(u32(gen), db=dbs["generations"])
+    return None if raw is None else GenerationRecord.from_dict(unpack(raw))

@@ -1,6 +1,7 @@
-"""Segments: the immutable unit one ``add`` writes (documents, blocks, vectors, indexes).
+"""Segments: the immutable unit one ``add`` writes (documents, blocks, vectors, indexes),
+and reading them (the one writer is :mod:`npmdb.storage.segment_writer`).
 
-LMDB keys (see :mod:`npmdb.storage.codec`): documents under ``docs`` (seg, local),
+LMDB keys (see :mod:`npmdb.storage.format`): documents under ``docs`` (seg, local),
 ``docids`` maps a user id to the segments holding it, token columns under ``segcols``
 (seg, name), vectors under ``vectors`` (generation, seg, chunk) as contiguous chunks of
 ``CHUNK`` tokens read zero-copy from the memory map (a segment records its chunk size; ones
@@ -25,22 +26,16 @@ from . import codec as C
 from . import format as F
 from .bm25 import BM25Index
 from .dense import DenseIndex, DenseParams, load_dense
-from .integrity import prune_sums, read_doc_crcs, read_sums, validate_index_files, verify_files
-from .paths import dense_path, fsync_path, remove_dir, segment_dir
+from .integrity import read_doc_crcs, read_sums, validate_index_files, verify_files
+from .paths import dense_path, fsync_path, segment_dir
 
-__all__ = ["CHUNK", "LEGACY_CHUNK", "chunk_rows", "COLUMNS", "SegmentColumns", "SegmentReader",
-           "segment_dir", "dense_path", "write_columns", "write_vector_chunk",
-           "delete_segment_data", "StoredDoc"]
+__all__ = ["CHUNK", "LEGACY_CHUNK", "COLUMNS", "SegmentColumns", "SegmentReader", "Readers",
+           "StoredDoc", "fsync_dir"]
 
 # Tokens per vector value. Large chunks keep a query's gather to a few LMDB reads (one
 # per chunk touched: 15 on a million-token segment) and are still read zero-copy.
 CHUNK = 65536
-LEGACY_CHUNK = 4096  # segments whose record has no "chunk"
-
-
-def chunk_rows(info: dict) -> int:
-    """Tokens per vector chunk of the segment described by ``info`` (its record)."""
-    return int(info.get("chunk", LEGACY_CHUNK))
+LEGACY_CHUNK = F.LEGACY_CHUNK  # segments whose record has no "chunk"
 COLUMNS = ("tokens", "flags", "offsets", "block_ptr", "block_doc")
 
 
@@ -85,51 +80,18 @@ class SegmentColumns:
         return self.block_ptr[self.block_of[pos]]
 
 
-def write_columns(txn, dbs, seg: int, cols: dict[str, np.ndarray]) -> None:
-    for name in COLUMNS:
-        txn.put(F.col_key(seg, name), F.pack_array(cols[name]), db=dbs["segcols"])
-
-
-def write_vector_chunk(txn, dbs, gen: int, seg: int, chunk: int, stored: np.ndarray) -> None:
-    txn.put(F.vec_key(gen, seg, chunk), F.pack_array(stored), db=dbs["vectors"])
-
-
-def delete_segment_data(txn, dbs, seg: int, *, gens: list[int] | None = None,
-                        docs: bool = True) -> None:
-    """Remove a segment's LMDB data (all generations' vectors, or just ``gens``)."""
-    prefix = F.u32(seg)
-    targets = [("segcols", prefix), ("docs", prefix)] if docs else []
-    for name, pfx in targets:
-        cur = txn.cursor(db=dbs[name])
-        if cur.set_range(pfx):
-            while cur.key()[:4] == pfx:
-                if not cur.delete():
-                    break
-    if docs:  # docids: scan (keys are hashed ids + seg)
-        cur = txn.cursor(db=dbs["docids"])
-        for key in [k for k in cur.iternext(keys=True, values=False) if k[-4:] == prefix]:
-            txn.delete(key, db=dbs["docids"])
-    cur = txn.cursor(db=dbs["vectors"])
-    keys = [k for k in cur.iternext(keys=True, values=False)
-            if k[4:8] == prefix and (gens is None or F.read_u32(k) in gens)]
-    for k in keys:
-        txn.delete(k, db=dbs["vectors"])
-    if gens is not None and not docs:  # their index files go too: forget their checksums
-        prune_sums(txn, dbs, seg, gens)
-
-
 class SegmentReader:
     """Read access to one committed segment; columns and indexes load on first use."""
 
-    def __init__(self, root: Path, env, seg: int, info: dict, params: DenseParams) -> None:
+    def __init__(self, root: Path, env, record: F.SegmentRecord, params: DenseParams) -> None:
         self.root = root
         self.env = env
-        self.seg = seg
-        self.info = info
+        self.seg = record.id
+        self.record = record
         self.params = params
-        self.dim = int(info["dim"])
-        self.chunk = chunk_rows(info)
-        self.codec = C.get_codec(info.get("codec", "float16"), env=env)
+        self.dim = record.dim
+        self.chunk = record.chunk
+        self.codec = C.get_codec(record.codec, env=env)
         self._cols: SegmentColumns | None = None
         self._bm25: BM25Index | None = None
         self._dense: dict[tuple[int, str], DenseIndex] = {}
@@ -183,7 +145,7 @@ class SegmentReader:
         chunks = positions // self.chunk
         first, last = int(chunks.min()), int(chunks.max())
         if first == last:
-            stored = self._chunk(txn, gen, first)
+            stored = self.stored_chunk(txn, gen, first)
             return self.codec.decode(stored[positions - first * self.chunk])
         # gather the stored rows of every chunk touched, then decode them in one call
         order = np.argsort(chunks, kind="stable")
@@ -191,13 +153,15 @@ class SegmentReader:
         raw = None
         for grp in np.split(order, bounds):
             ch = int(chunks[grp[0]])
-            stored = self._chunk(txn, gen, ch)
+            stored = self.stored_chunk(txn, gen, ch)
             if raw is None:
                 raw = np.empty((len(positions), *stored.shape[1:]), dtype=stored.dtype)
             raw[grp] = stored[positions[grp] - ch * self.chunk]
         return self.codec.decode(raw)
 
-    def _chunk(self, txn, gen: int, ch: int) -> np.ndarray:
+    def stored_chunk(self, txn, gen: int, ch: int) -> np.ndarray:
+        """Vector chunk ``ch`` of generation ``gen`` as stored (the codec's rows), checked
+        against its CRC the first time this process reads it."""
         raw = txn.get(F.vec_key(gen, self.seg, ch), db=self.env.dbs["vectors"])
         if raw is None:
             raise OperationalError(f"segment {self.seg} has no vectors for generation {gen} "
@@ -217,7 +181,7 @@ class SegmentReader:
     def iter_chunks(self, txn, gen: int) -> Iterator[tuple[int, np.ndarray]]:
         n = self.columns(txn).n_tokens
         for ch in range((n + self.chunk - 1) // self.chunk):
-            yield ch * self.chunk, self._chunk(txn, gen, ch)
+            yield ch * self.chunk, self.stored_chunk(txn, gen, ch)
 
     def scan(self, txn, gen: int, q: np.ndarray, mask: np.ndarray, k: int
              ) -> tuple[np.ndarray, np.ndarray]:
@@ -262,7 +226,7 @@ class SegmentReader:
             with self._lock:
                 idx = self._dense.get(key)
                 if idx is None:
-                    kind = self.info.get("dense", "hnsw")
+                    kind = self.record.dense
                     self._verify_files([f"g{gen}.{side}.{kind}"])
                     idx = load_dense(kind, dense_path(self.root, self.seg, gen, side, kind),
                                      self.dim, self.params)
@@ -311,3 +275,27 @@ def fsync_dir(path: Path) -> None:
     hnswlib reports no write errors (a full disk leaves a short file), so walk them first."""
     validate_index_files(path)
     fsync_path(path)
+
+
+class Readers:
+    """The segment readers of one database handle, made once per segment (their loaded
+    columns and indexes are shared by every snapshot that reads the segment)."""
+
+    def __init__(self, root: Path, env, params: DenseParams) -> None:
+        self.root, self.env, self.params = Path(root), env, params
+        self._readers: dict[int, SegmentReader] = {}
+        self._lock = threading.Lock()
+
+    def get(self, txn, seg: int) -> SegmentReader:
+        r = self._readers.get(seg)
+        if r is None:
+            rec = F.get_segment(txn, self.env.dbs, seg)
+            if rec is None:
+                raise OperationalError(f"segment {seg} is referenced but not recorded")
+            with self._lock:
+                r = self._readers.setdefault(seg, SegmentReader(self.root, self.env, rec,
+                                                                self.params))
+        return r
+
+    def clear(self) -> None:
+        self._readers.clear()

@@ -1,23 +1,33 @@
-"""Versions: immutable manifests, HEAD, tags and the id counters.
+"""Versions: immutable manifests, HEAD, tags, and the one commit.
 
 A manifest names the segments a version reads, the documents deleted from them
-(tombstones), its embedding generation and statistics. A commit is one LMDB write
-transaction that writes the manifest and moves HEAD; readers in a read transaction see
-one version whole.
+(tombstones), its embedding generation and statistics. HEAD's manifest is the one source
+of truth for the current generation.
+
+Every change is committed by :func:`commit`: a sequence of *operations* (frozen values:
+:class:`Append`, :class:`Delete`, :class:`Rewrite`, :class:`Restore`, :class:`Reembed`)
+applied to the version they were read from, in one LMDB write transaction that writes the
+new manifest, the records it names, the counters, and moves HEAD; readers in a read
+transaction see one version whole. If HEAD moved since that version, the operations are
+rebased onto HEAD only where that is provably safe (a re-embedding must cover every
+segment of the HEAD it commits on; a rewrite must find its segments and their tombstones
+unchanged; a restore is always safe); otherwise the commit raises and changes nothing.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Sequence, Union
 
-from npmdb.errors import ProgrammingError
+from npmdb.errors import OperationalError, ProgrammingError
 
 from . import format as F
 
-__all__ = ["Manifest", "get_meta", "put_meta", "head", "get_version", "put_version",
-           "resolve", "list_versions", "set_tag", "tags_of", "next_id"]
+__all__ = ["Manifest", "get_meta", "put_meta", "head", "head_generation", "get_version",
+           "put_version", "resolve", "list_versions", "set_tag", "tags_of", "next_id",
+           "find_doc", "Append", "Delete", "Rewrite", "Restore", "Reembed", "Operation",
+           "commit", "EMPTY"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +74,12 @@ def next_id(txn, dbs, counter: str) -> int:
 def head(txn, dbs) -> Manifest | None:
     vid = get_meta(txn, dbs, "head")
     return None if vid is None else get_version(txn, dbs, int(vid))
+
+
+def head_generation(txn, dbs) -> int:
+    """The current embedding generation: HEAD's (0 before the first version)."""
+    m = head(txn, dbs)
+    return 0 if m is None else m.generation
 
 
 def get_version(txn, dbs, vid: int) -> Manifest:
@@ -120,5 +136,202 @@ def resolve(txn, dbs, ref: int | str | None) -> Manifest:
                            f"{type(ref).__name__}")
 
 
-def now() -> float:
-    return time.time()
+def find_doc(txn, dbs, m: Manifest, doc_id: str) -> tuple[int, int] | None:
+    """``(segment, local number)`` of the live document ``doc_id`` in version ``m``."""
+    prefix = F.docid_prefix(doc_id)
+    cur = txn.cursor(db=dbs["docids"])
+    live = set(m.segments)
+    if cur.set_range(prefix):
+        for key, val in cur:
+            key = bytes(key)
+            if key[:16] != prefix:
+                break
+            seg = F.read_u32(key, 16)
+            if seg in live and int(F.unpack(val)) not in set(m.deleted.get(seg, ())):
+                return seg, int(F.unpack(val))
+    return None
+
+
+# -- operations ---------------------------------------------------------------------------------
+
+#: the version before the first one: no segments, generation 0
+EMPTY = Manifest(0, None, 0.0, (), {}, 0, {"docs": 0, "blocks": 0, "tokens": 0})
+
+
+@dataclass(frozen=True)
+class Append:
+    """New segments (their records are written by the commit), all with vectors of
+    ``generation``; ``auto_ids`` automatic document ids were used (``doc-N``)."""
+
+    segments: tuple[F.SegmentRecord, ...]
+    generation: int
+    auto_ids: int = 0
+
+
+@dataclass(frozen=True)
+class Delete:
+    """Tombstones: ``((segment, (local numbers...)), ...)``."""
+
+    docs: tuple[tuple[int, tuple[int, ...]], ...]
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """``added`` replaces the segments ``removed`` (their live documents, merged); their
+    tombstones are dropped with them."""
+
+    removed: tuple[int, ...]
+    added: F.SegmentRecord
+
+
+@dataclass(frozen=True)
+class Restore:
+    """The contents (segments, tombstones, generation) of version ``version``."""
+
+    version: int
+
+
+@dataclass(frozen=True)
+class Reembed:
+    """Embedding generation ``generation`` (its record is written by the commit), whose
+    vectors and dense indexes exist for the segments ``covers``."""
+
+    generation: F.GenerationRecord
+    covers: tuple[int, ...]
+
+
+Operation = Union[Append, Delete, Rewrite, Restore, Reembed]
+
+
+@dataclass
+class _Draft:
+    """The manifest being built by one commit."""
+
+    segments: list[int]
+    deleted: dict[int, set[int]]
+    generation: int
+
+    @classmethod
+    def of(cls, m: Manifest) -> "_Draft":
+        return cls(list(m.segments), {s: set(v) for s, v in m.deleted.items()}, m.generation)
+
+
+def _moved(op: Operation, read: Manifest, now: Manifest) -> str | None:
+    """Why ``op``, read at version ``read``, cannot be applied to HEAD ``now`` (None: it
+    can be rebased safely)."""
+    if isinstance(op, Restore):
+        return None
+    if isinstance(op, Reembed):
+        missing = sorted(set(now.segments) - set(op.covers))
+        return f"segments {missing} were added and have no vectors of generation " \
+               f"{op.generation.id}" if missing else None
+    if isinstance(op, Rewrite):
+        gone = [s for s in op.removed if s not in now.segments]
+        if gone:
+            return f"segments {gone} it rewrites are no longer in HEAD"
+        if any(set(now.deleted.get(s, ())) != set(read.deleted.get(s, ())) for s in op.removed):
+            return "documents of the segments it rewrites were deleted meanwhile"
+        return None
+    return "its documents were checked against that version"  # Append, Delete
+
+
+def commit(txn, dbs, ops: Sequence[Operation], read: Manifest | None, *, message: str = "",
+           info: dict | None = None, tag: str | None = None,
+           seal: Callable[[Any, int, int | None], None] | None = None) -> Manifest:
+    """Apply ``ops`` to version ``read`` (None: the empty database) in write transaction
+    ``txn``: write the records they add, the new manifest and the counters, move HEAD (and
+    ``tag`` it). ``seal(txn, segment, docs)`` records the checksums of the files (and,
+    given ``docs``, the documents) of each segment the commit adds or re-embeds.
+    Returns the new manifest."""
+    now = head(txn, dbs)
+    base = read or EMPTY
+    if (now.id if now else None) != (read.id if read else None):
+        for op in ops:
+            why = _moved(op, base, now or EMPTY)
+            if why is not None:
+                raise OperationalError(
+                    f"version {now.id if now else None} became HEAD while this change was "
+                    f"prepared on version {base.id}, and it cannot be rebased ({why}): "
+                    "nothing was committed; retry the change")
+        base = now or EMPTY
+    draft = _Draft.of(base)
+    meta_next = {"next_segment": int(get_meta(txn, dbs, "next_segment", 1)),
+                 "next_auto": int(get_meta(txn, dbs, "next_auto", 1)),
+                 "next_generation": int(get_meta(txn, dbs, "next_generation", 1))}
+    nxt = dict(meta_next)
+    records: dict[int, F.SegmentRecord] = {}
+
+    def add_segment(rec: F.SegmentRecord) -> None:
+        F.put_segment(txn, dbs, rec)
+        records[rec.id] = rec
+        if seal is not None:
+            seal(txn, rec.id, rec.docs)
+        nxt["next_segment"] = max(nxt["next_segment"], rec.id + 1)
+
+    for op in ops:
+        if isinstance(op, Append):
+            if op.segments and op.generation != draft.generation:
+                raise OperationalError(
+                    f"new segments have vectors of generation {op.generation} but the version "
+                    f"reads generation {draft.generation}: nothing was committed; retry")
+            for rec in op.segments:
+                add_segment(rec)
+                draft.segments.append(rec.id)
+            nxt["next_auto"] += op.auto_ids
+        elif isinstance(op, Delete):
+            for seg, locals_ in op.docs:
+                if seg not in draft.segments:
+                    raise OperationalError(f"cannot delete from segment {seg}: the version "
+                                           "does not read it")
+                draft.deleted.setdefault(seg, set()).update(locals_)
+        elif isinstance(op, Rewrite):
+            at = min(draft.segments.index(s) for s in op.removed)
+            kept = [s for s in draft.segments if s not in op.removed]
+            add_segment(op.added)
+            draft.segments = kept[:at] + [op.added.id] + kept[at:]
+            for s in op.removed:
+                draft.deleted.pop(s, None)
+        elif isinstance(op, Restore):
+            old = get_version(txn, dbs, op.version)
+            for s in old.segments:
+                if F.get_segment(txn, dbs, s) is None:
+                    raise ProgrammingError(f"version {old.id} can no longer be restored: its "
+                                           "segment data was vacuumed")
+            draft = _Draft.of(old)
+        elif isinstance(op, Reembed):
+            g = op.generation
+            F.put_generation(txn, dbs, g)
+            draft.generation = g.id
+            if seal is not None:  # the new generation's index files
+                for s in op.covers:
+                    seal(txn, s, None)
+            nxt["next_generation"] = max(nxt["next_generation"], g.id + 1)
+        else:  # pragma: no cover - the Operation union is closed
+            raise TypeError(f"not an operation: {op!r}")
+    stats = _stats(txn, dbs, draft, records)
+    vid = next_id(txn, dbs, "next_version")
+    m = Manifest(vid, now.id if now else None, time.time(), tuple(draft.segments),
+                 {s: tuple(sorted(v)) for s, v in draft.deleted.items() if v},
+                 draft.generation, stats, message, dict(info or {}))
+    put_version(txn, dbs, m)
+    put_meta(txn, dbs, "head", vid)
+    put_meta(txn, dbs, "next_version", vid + 1)
+    for key, value in nxt.items():
+        if value != meta_next[key]:
+            put_meta(txn, dbs, key, value)
+    if tag:
+        set_tag(txn, dbs, tag, vid)
+    return m
+
+
+def _stats(txn, dbs, d: _Draft, records: dict[int, F.SegmentRecord]) -> dict[str, int]:
+    """Live documents, blocks and tokens of a manifest, from its segments' records."""
+    docs = blocks = tokens = 0
+    for s in d.segments:
+        rec = records.get(s) or F.get_segment(txn, dbs, s)
+        if rec is None:
+            raise OperationalError(f"segment {s} is named by the version but not recorded")
+        docs += rec.docs - len(d.deleted.get(s, ()))
+        blocks += rec.blocks
+        tokens += rec.tokens
+    return {"docs": docs, "blocks": blocks, "tokens": tokens}

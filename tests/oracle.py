@@ -111,7 +111,7 @@ class Oracle:
                 cols = seg.columns(snap.txn)
                 n = len(cols.tokens)
                 dead = set(snap.manifest.deleted.get(seg.seg, ()))
-                n_docs = int(seg.info["docs"])
+                n_docs = seg.record.docs
                 doc_base = len(self.docs)
                 for local in range(n_docs):
                     d = snap.doc(si, local)

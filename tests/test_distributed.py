@@ -7,6 +7,7 @@ optional ``npmdb[ray]`` extra is not installed; the rest run everywhere.
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import shutil
 import sys
@@ -16,8 +17,8 @@ import pytest
 
 import npmdb
 from npmdb.corpus import Document
-from npmdb.database import _Batch
-from npmdb.distributed import RayEngine, _Planner, _waves, encode_piece, resolve_engine
+from npmdb.distributed import RayEngine, encode_piece, resolve_engine
+from npmdb.ingest.ray import _Planner, _waves
 
 QUERIES = ["Salem is the capital of [MASK].", "Thessaloniki is a city in [MASK].",
            "The currency of Japan is the [MASK].", "A gorgeous, witty film. It was [MASK]."]
@@ -75,31 +76,33 @@ def test_encode_piece_is_the_local_pipeline(tiny_db, sample_corpus):
 
     enc = tiny_db.encoder
     texts = [d["text"] for d in sample_corpus[:40]]
-    out = encode_piece(enc, {"texts": texts}, 256, "float16")
+    out = encode_piece(enc, {"texts": texts}, 256)
     prep = prepare(enc, [Document(str(i), "", t, {}) for i, t in enumerate(texts)], 256)
     for name, col in prep.columns().items():
         assert np.array_equal(out[name], col), name
     blocks = [prep.block(b) for b in range(prep.n_blocks)]
     want = get_codec("float16").encode(np.concatenate(enc.encode_blocks(blocks)))
-    assert out["stored"].dtype == np.float16 and out["stored"].shape == want.shape
-    np.testing.assert_allclose(out["stored"].astype(np.float32), want.astype(np.float32),
+    assert out["vectors"].dtype == np.float16 and out["vectors"].shape == want.shape
+    np.testing.assert_allclose(out["vectors"].astype(np.float32), want.astype(np.float32),
                                rtol=2e-3, atol=2e-3)
-    again = encode_piece(enc, {"tokens": prep.tokens, "block_ptr": prep.block_ptr}, 256,
-                         "float16")
-    assert set(again) == {"stored", "stats"}
-    np.testing.assert_array_equal(again["stored"], out["stored"])
+    again = encode_piece(enc, {"tokens": prep.tokens, "block_ptr": prep.block_ptr}, 256)
+    assert set(again) == {"vectors", "stats"}
+    np.testing.assert_array_equal(again["vectors"], out["vectors"])
     assert out["stats"]["tokens"] == len(prep.tokens)
 
 
 def test_planner_cuts_pieces_and_segments(new_db):
     docs = [Document(f"d{i}", "", "x" * (10 + i), {}) for i in range(23)]
     eng = RayEngine(piece_docs=4, segment_docs=10, segment_chars=10_000)
-    planner = _Planner(new_db, _Batch(), eng, first_seg=7)
     pieces = []
-    for wave, last in _waves(docs, wave_chars=100):
-        pieces += list(planner.cut(planner.assign_ids(wave)))
-        if last:
-            pieces += list(planner.end())
+    with new_db.batch() as writer:
+        planner = _Planner(writer, eng, itertools.count(7).__next__)
+        for wave, last in _waves(docs, wave_chars=100):
+            pieces += list(planner.cut(planner.assign_ids(wave)))
+            if last:
+                pieces += list(planner.end())
+        with pytest.raises(npmdb.IntegrityError, match="duplicate"):
+            planner.assign_ids([Document("d3", "", "again", {})])
     assert [d.id for p in pieces for d in p.docs] == [d.id for d in docs]
     assert [p.seg for p in pieces if p.last] == [7, 8, 9]
     by_seg = {}
@@ -107,8 +110,6 @@ def test_planner_cuts_pieces_and_segments(new_db):
         assert 1 <= len(p.docs) <= 4
         by_seg.setdefault(p.seg, []).extend(p.docs)
     assert [len(v) for v in by_seg.values()] == [10, 10, 3]
-    with pytest.raises(npmdb.IntegrityError, match="duplicate"):
-        planner.assign_ids([Document("d3", "", "again", {})])
     assert list(_waves([], 10)) == [([], True)]
 
 
@@ -209,7 +210,6 @@ def test_ray_add_equals_local_add(ray_cluster, tmp_path, tiny_encoder, sample_co
 
 
 @pytest.mark.ray
-@pytest.mark.xfail(strict=True, reason="bug: fixed by the one segment writer (issue: One way down)")
 def test_ray_add_into_a_pq_database_equals_local(ray_cluster, tmp_path, tiny_encoder,
                                                  sample_corpus):
     """A database with the trained ``pq`` codec: Ray ingest trains the codec once (in the

@@ -269,7 +269,7 @@ def _reader(path: str, seconds: float, out) -> None:
             try:
                 with db.snapshot() as snap:
                     m = snap.manifest
-                    n = sum(int(s.info["docs"]) - len(m.deleted.get(s.seg, ()))
+                    n = sum(s.record.docs - len(m.deleted.get(s.seg, ()))
                             for s in snap.segments)
                     if n != m.stats["docs"]:
                         errors.append(f"torn version {m.id}: {n} != {m.stats['docs']}")

@@ -26,7 +26,6 @@ def _docs(prefix: str, n: int) -> list[dict]:
 # -- 1. a failed delete inside a batch ---------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="bug: fixed by the Writer (issue: One way down)")
 def test_failed_delete_in_batch_is_not_half_applied(new_db):
     new_db.add(_docs("a", 3))
     with new_db.batch():
@@ -56,7 +55,6 @@ def _fail_installing_segments(monkeypatch):
     return state
 
 
-@pytest.mark.xfail(strict=True, reason="bug: fixed by the Writer (issue: One way down)")
 def test_failed_add_in_batch_leaves_no_trace(new_db, monkeypatch):
     new_db.add(_docs("a", 2))
     before = new_db.stats()["segments"]
@@ -94,7 +92,6 @@ def test_failed_add_outside_a_batch_leaves_no_trace(new_db, monkeypatch):
 # -- 3. threads sharing one handle ----------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="bug: fixed by the Writer (issue: One way down)")
 def test_other_threads_add_is_refused_not_joined(new_db):
     new_db.add(_docs("a", 1))
     out: dict = {}
@@ -121,7 +118,6 @@ def test_other_threads_add_is_refused_not_joined(new_db):
     assert new_db.count() == 1
 
 
-@pytest.mark.xfail(strict=True, reason="bug: fixed by the Writer (issue: One way down)")
 def test_other_threads_add_waits_for_the_batch(tmp_path, tiny_encoder):
     with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False, timeout=30) as db:
         db.add(_docs("a", 1))
@@ -170,7 +166,6 @@ def _every_version_answers(db):
         assert res.generation == v["generation"]
 
 
-@pytest.mark.xfail(strict=True, reason="bug: fixed by the Writer (issue: One way down)")
 def test_refresh_waits_for_an_open_batch_and_covers_its_segments(tmp_path, tiny_encoder):
     """A refresh started (in another thread) while a batch is open commits after it, and
     its generation has vectors for the batch's segments too."""

@@ -1,0 +1,115 @@
+"""The encoder cache of one database: embedding generation → encoder, loaded once and
+checked against the fingerprint recorded with the generation (vectors are only comparable
+with the encoder that made them); and saving a trained model as a generation's checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from pathlib import Path
+from typing import Any
+
+from . import encoder as enc_mod
+from .errors import OperationalError
+from npmdb.storage import format as F
+from npmdb.storage.env import Env
+from npmdb.storage.paths import remove_dir
+from npmdb.storage.segments import fsync_dir
+
+__all__ = ["Encoders", "save_checkpoint", "TOKENIZER_FILES"]
+
+TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json",
+                   "special_tokens_map.json", "merges.txt", "vocab.json", "sentencepiece.bpe.model")
+
+
+class Encoders:
+    """Encoders by generation for the database at ``root`` (LMDB environment ``env``).
+
+    ``override``: the encoder directory the user passed at open (generation 0's encoder
+    moved since the database was made); ``device``: torch device for new encoders.
+    """
+
+    def __init__(self, env: Env, root: Path, *, device: str | None = None,
+                 override: str | os.PathLike | None = None) -> None:
+        self.env, self.root, self.device = env, Path(root), device
+        self.override = None if override is None else Path(override)
+        self._cache: dict[int, enc_mod.Encoder] = {}
+        self._lock = threading.Lock()
+
+    def _record(self, txn, gen: int) -> F.GenerationRecord:
+        rec = F.get_generation(txn, self.env.dbs, gen)
+        if rec is None:
+            raise OperationalError(f"embedding generation {gen} is not recorded in {self.root}")
+        return rec
+
+    def get(self, gen: int) -> enc_mod.Encoder:
+        """The encoder of generation ``gen`` (loaded once, then cached)."""
+        e = self._cache.get(gen)
+        if e is not None:
+            return e
+        with self._lock:
+            e = self._cache.get(gen)
+            if e is None:
+                e = self._cache[gen] = self._load(gen)
+            return e
+
+    def _load(self, gen: int) -> enc_mod.Encoder:
+        with self.env.read() as txn:
+            g, g0 = self._record(txn, gen), self._record(txn, 0)
+        info = enc_mod.EncoderInfo.from_dict(g.encoder)
+        fp = None
+        if g.checkpoint:
+            path = self.root / g.checkpoint
+        else:
+            path = self.override or Path(info.path)
+            if not (path / "config.json").exists():
+                path = enc_mod.default_encoder_path()
+                found = enc_mod.describe(path)
+                if found.fingerprint != enc_mod.EncoderInfo.from_dict(g0.encoder).fingerprint:
+                    raise OperationalError(
+                        f"the encoder this database was built with ({info.path}) is gone "
+                        "and the default encoder differs: open with encoder='/path/to/it'")
+                fp = found.fingerprint
+        # vectors are only comparable with the encoder that made them: a changed or damaged
+        # model directory must not answer (or write vectors) silently
+        if fp is None:
+            if not (path / "config.json").exists():
+                raise OperationalError(f"the encoder of embedding generation {gen} is missing "
+                                       f"({path}); run `npmdb check {self.root}`")
+            fp = enc_mod.fingerprint_dir(path)
+        if fp != info.fingerprint:
+            raise OperationalError(
+                f"the encoder of embedding generation {gen} at {path} is not the one that "
+                f"made its vectors (sha256 {fp[:12]}…, recorded {info.fingerprint[:12]}…): "
+                "its config or weights changed or were damaged; restore that directory, or "
+                "open with encoder='/path/to/the/original'")
+        return enc_mod.Encoder(path, device=self.device, info=info)
+
+    def put(self, gen: int, encoder: enc_mod.Encoder) -> None:
+        """Cache ``encoder`` as generation ``gen``'s (a refresh that just wrote it)."""
+        self._cache[gen] = encoder
+
+    def clear(self) -> None:
+        self._cache.clear()
+
+
+def save_checkpoint(model: Any, target: Path, tokenizer_dirs: list[Path]) -> None:
+    """Save ``model`` (a transformers model) to ``target`` as safetensors, with the
+    tokenizer files found first in ``tokenizer_dirs``; fsynced, then renamed into place."""
+    tmp = target.with_name(target.name + ".tmp")
+    remove_dir(tmp)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    for name in TOKENIZER_FILES:
+        src = next((d / name for d in tokenizer_dirs if (d / name).exists()), None)
+        if src is not None:
+            shutil.copy(src, tmp / name)
+    for f in tmp.iterdir():
+        fd = os.open(f, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+    remove_dir(target)
+    os.replace(tmp, target)
+    fsync_dir(target.parent)

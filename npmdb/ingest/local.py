@@ -1,0 +1,49 @@
+"""Local ingest: prepare documents, encode their blocks in this process, and hand the
+vectors to the segment writer."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from ..corpus import Document
+from .prepare import prepare
+
+if TYPE_CHECKING:  # pragma: no cover
+    from npmdb.storage.format import SegmentRecord
+    from npmdb.storage.segment_writer import SegmentWriter
+    from npmdb.storage.transaction import Writer
+
+    from ..encoder import Encoder
+
+__all__ = ["write_segment", "encode_into", "WINDOW"]
+
+WINDOW = 256  # blocks per encode_blocks call
+
+
+def encode_into(sw: "SegmentWriter", encoder: "Encoder", tokens: np.ndarray,
+                block_ptr: np.ndarray, bar) -> None:
+    """Encode the blocks (``tokens[block_ptr[b]:block_ptr[b+1]]``) window by window and
+    hand their vectors, in token order, to ``sw``."""
+    n_blocks = len(block_ptr) - 1
+    for b0 in range(0, n_blocks, WINDOW):
+        b1 = min(b0 + WINDOW, n_blocks)
+        hidden = encoder.encode_blocks([tokens[block_ptr[b]:block_ptr[b + 1]]
+                                        for b in range(b0, b1)])
+        if hidden:
+            sw.add_vectors(np.concatenate(hidden))
+        bar.update(int(block_ptr[b1] - block_ptr[b0]))
+    bar.close()
+
+
+def write_segment(writer: "Writer", encoder: "Encoder", docs: Sequence[Document]
+                  ) -> "SegmentRecord":
+    """Write ``docs`` as a new segment of the writer's open transaction (not committed)."""
+    seg = writer.allocate_segment()
+    prep = prepare(encoder, docs, writer.block_len, writer.progress_enabled)
+    sw = writer.segment_writer(seg, writer.generation)
+    sw.add_documents(prep.docs, prep.columns())
+    encode_into(sw, encoder, prep.tokens, prep.block_ptr,
+                writer.progress(len(prep.tokens), "encode", "tok"))
+    return sw.finish()

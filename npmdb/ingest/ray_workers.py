@@ -1,0 +1,296 @@
+"""The Ray side of distributed ingest: starting (or joining) a cluster, the encoder
+actors, and running pieces through them (:mod:`npmdb.ingest.ray` is the driver).
+
+An actor (``Dataset.map_batches`` over an actor pool, one GPU each where the cluster has
+GPUs) loads the database's encoder once (checked against its fingerprint), then turns each
+piece into token columns (:func:`npmdb.ingest.prepare`: the local path's own code, so
+blocks are identical) and float16 vectors, returned through Ray's object store (nothing
+needs a shared file system). npmdb errors raised in actors come back as themselves.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import re
+import time
+import warnings
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator
+
+import numpy as np
+
+from ..corpus import Document
+from ..errors import Error, NotSupportedError, OperationalError, ProgrammingError
+from .prepare import prepare
+from npmdb.storage import format as F
+from npmdb.storage.codec import cast
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..encoder import Encoder
+    from .ray import RayEngine
+
+__all__ = ["encode_piece", "import_ray", "Runs", "guarded", "RAY_EXTRA"]
+
+RAY_EXTRA = "pip install 'npmdb[ray]'"
+_ENCODE_WINDOW = 256  # blocks per encode_blocks call, as in npmdb.ingest.local
+
+
+def import_ray():
+    """``ray`` with Ray Data, or NotSupportedError naming the extra."""
+    try:
+        import ray
+        import ray.data  # noqa: F401 - Ray Data comes with the [data] extra of ray
+    except ImportError as exc:
+        raise NotSupportedError(
+            f"engine='ray' needs Ray Data, which is not installed: {RAY_EXTRA} "
+            f"(ray[data] >= 2.9); or use engine='local' ({exc})") from exc
+    return ray
+
+
+
+# -- the worker side ------------------------------------------------------------------------
+
+
+def encode_piece(encoder: "Encoder", piece: dict, block_len: int,
+                 batch_tokens: int = 8192) -> dict[str, Any]:
+    """Encode one piece (what an actor does; callable without Ray).
+
+    ``piece`` is ``{"texts": [...]}`` (documents: tokenised, flagged and cut into blocks by
+    :func:`npmdb.ingest.prepare`) or ``{"tokens": int32[n], "block_ptr": int64[b+1]}``
+    (existing blocks, for a refresh). Returns the token columns (documents only) and
+    ``vectors``: every token's vector in float16 (what the segment writer in the driver
+    stores through the database's codec; a stateful codec is trained there, once), in
+    token order.
+    """
+    t0, c0 = time.perf_counter(), time.process_time()
+    if "texts" in piece:
+        docs = [Document(str(i), "", t, {}) for i, t in enumerate(piece["texts"])]
+        prep = prepare(encoder, docs, block_len, progress=False)
+        out: dict[str, Any] = dict(prep.columns())
+        tokens, ptr = prep.tokens, prep.block_ptr
+    else:
+        out = {}
+        tokens, ptr = piece["tokens"], piece["block_ptr"]
+    blocks = [tokens[ptr[i]:ptr[i + 1]] for i in range(len(ptr) - 1)]
+    hidden: list[np.ndarray] = []
+    for i in range(0, len(blocks), _ENCODE_WINDOW):
+        hidden.extend(encoder.encode_blocks(blocks[i:i + _ENCODE_WINDOW],
+                                            batch_tokens=batch_tokens))
+    h = np.concatenate(hidden) if hidden else np.zeros((0, encoder.hidden_size), np.float32)
+    out["vectors"] = cast(h, np.float16)
+    out["stats"] = {"tokens": int(len(tokens)), "wall_s": time.perf_counter() - t0,
+                    "cpu_s": time.process_time() - c0, "pid": os.getpid(),
+                    "device": str(encoder.device)}
+    return out
+
+
+def _pack_piece(arrays: dict[str, Any]) -> bytes:
+    return F.pack({k: (F.pack_array(v) if isinstance(v, np.ndarray) else v)
+                   for k, v in arrays.items()})
+
+
+def _unpack_piece(raw: bytes) -> dict[str, Any]:
+    d = F.unpack(raw)
+    return {k: (F.unpack_array(v, verify=True, what=f"encoded piece {k}")
+                if isinstance(v, (bytes, bytearray)) else v) for k, v in d.items()}
+
+
+class _EncodeWorker:
+    """A Ray Data actor: loads the encoder once, then encodes one piece per call."""
+
+    def __init__(self, encoder_path: str, info: dict, block_len: int,
+                 device: str, threads: int, batch_tokens: int) -> None:
+        import torch
+
+        from ..encoder import Encoder, EncoderInfo, fingerprint_dir
+
+        if device == "cpu":
+            torch.set_num_threads(max(1, threads))
+        enc_info = EncoderInfo.from_dict(info)
+        path = Path(encoder_path)
+        if not (path / "config.json").exists():
+            raise OperationalError(f"a Ray worker cannot find the encoder at {path}: every node "
+                                   "needs the encoder directory at the same path")
+        if fingerprint_dir(path) != enc_info.fingerprint:
+            raise OperationalError(f"a Ray worker found a different encoder at {path} (sha256 "
+                                   f"mismatch): every node needs the database's encoder")
+        self.encoder = Encoder(path, device=device, info=enc_info)
+        self.block_len = block_len
+        self.batch_tokens = batch_tokens
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = [_pack_piece(encode_piece(self.encoder, _unpack_piece(bytes(p)), self.block_len,
+                                        self.batch_tokens))
+               for p in batch["payload"]]
+        res = np.empty(len(out), dtype=object)
+        res[:] = out
+        return {"piece": np.asarray(batch["piece"], dtype=np.int64), "payload": res}
+
+
+# -- the driver side: the cluster ------------------------------------------------------------
+
+
+@contextmanager
+def _cluster(engine: "RayEngine", progress: bool | None) -> Iterator[Any]:
+    ray = import_ray()
+    started = False
+    if not ray.is_initialized():
+        ray.init(address=engine.address, include_dashboard=False,
+                 logging_level=logging.WARNING)
+        started = True
+    ctx = ray.data.DataContext.get_current()
+    saved = ctx.enable_progress_bars
+    data_log = logging.getLogger("ray.data")
+    level = data_log.level
+    ctx.enable_progress_bars = bool(progress)
+    if not progress:
+        data_log.setLevel(logging.WARNING)
+    try:
+        yield ray
+    finally:
+        ctx.enable_progress_bars = saved
+        data_log.setLevel(level)
+        if started:
+            ray.shutdown()
+
+
+def _placement(ray, engine: "RayEngine", device: str | None) -> tuple[int, float, str]:
+    """(actors, GPUs per actor, torch device of an actor) for this cluster."""
+    res = ray.cluster_resources()
+    gpus, cpus = float(res.get("GPU", 0.0)), float(res.get("CPU", 1.0))
+    per_gpu = engine.gpus_per_worker
+    if per_gpu is None:
+        per_gpu = 1.0 if gpus >= 1 else 0.0
+    if per_gpu > gpus:
+        raise ProgrammingError(f"RayEngine(gpus_per_worker={per_gpu}) but the Ray cluster has "
+                               f"{gpus:g} GPUs")
+    workers = engine.workers
+    if workers is None:
+        workers = int(gpus // per_gpu) if per_gpu else int(cpus // engine.cpus_per_worker)
+    workers = max(1, workers)
+    need_cpu, need_gpu = workers * engine.cpus_per_worker, workers * per_gpu
+    if need_cpu > cpus or need_gpu > gpus:
+        warnings.warn(f"RayEngine: {workers} workers need {need_cpu:g} CPUs and {need_gpu:g} "
+                      f"GPUs, the Ray cluster has {cpus:g} and {gpus:g} now: the encoding waits "
+                      "for resources (an autoscaler) or runs with fewer actors",
+                      RuntimeWarning, stacklevel=4)
+    # an actor sees only its own GPU(s) (Ray sets CUDA_VISIBLE_DEVICES): plain "cuda"
+    want_cuda = per_gpu > 0 and not str(device or "cuda").startswith("cpu")
+    return workers, per_gpu, ("cuda" if want_cuda else "cpu")
+
+
+def _run_pieces(ray, engine: "RayEngine", items: list[dict], ctor: dict, workers: int,
+                gpus: float) -> Iterator[tuple[int, dict]]:
+    """Encode ``items`` (``{"piece": id, "payload": bytes}``) on an actor pool; yields
+    ``(piece id, result)`` as results arrive (in any order)."""
+    import ray.data
+
+    kw = {}
+    params = inspect.signature(ray.data.from_items).parameters
+    if "override_num_blocks" in params:  # Ray >= 2.10; older: parallelism
+        kw["override_num_blocks"] = len(items)
+    else:  # pragma: no cover - old Ray
+        kw["parallelism"] = len(items)
+    ds = ray.data.from_items(items, **kw)
+    ds = ds.map_batches(_EncodeWorker, batch_size=1, batch_format="numpy",
+                        compute=ray.data.ActorPoolStrategy(size=min(workers, len(items))),
+                        fn_constructor_kwargs=ctor, num_cpus=engine.cpus_per_worker,
+                        num_gpus=gpus or None, zero_copy_batch=True)
+    for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
+        for pid, payload in zip(batch["piece"], batch["payload"]):
+            yield int(pid), _unpack_piece(bytes(payload))
+
+
+def _worker_error(exc: BaseException) -> Error | None:
+    """The npmdb error an actor raised, recovered from Ray's wrapper (or None)."""
+    from .. import errors
+
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, Error):
+        name, msg = type(cause).__name__, str(cause)
+    else:
+        found = re.findall(r"npmdb\.errors\.(\w+): ([^\n]*)", str(exc))
+        if not found:
+            return None
+        name, msg = found[-1]
+    cls = getattr(errors, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, Error)):
+        return None
+    return cls(msg if "Ray worker" in msg else f"{msg} (in a Ray worker)")
+
+
+@contextmanager
+def _ray_errors(what: str) -> Iterator[None]:
+    """npmdb errors raised in actors come back as themselves; any other failure on the
+    cluster as OperationalError (Ray's own exception and trace are its cause)."""
+    try:
+        yield
+    except Error:
+        raise
+    except Exception as exc:  # noqa: BLE001 - Ray wraps actor failures in its own types
+        err = _worker_error(exc)
+        if err is not None:
+            raise err from exc
+        first = str(exc).strip().splitlines()[:1] or [""]
+        raise OperationalError(f"{what} failed on the Ray cluster: {type(exc).__name__}: "
+                               f"{first[0][:500]}") from exc
+
+
+def guarded(results: Iterator[tuple[int, dict]], what: str) -> Iterator[tuple[int, dict]]:
+    """``results``, with failures on the cluster (not in the driver's own work between
+    items) translated by :func:`_ray_errors`."""
+    while True:
+        with _ray_errors(what):
+            item = next(results, None)
+        if item is None:
+            return
+        yield item
+
+
+class Runs:
+    """Starts the Ray cluster on first use; accumulates the workers' statistics."""
+
+    def __init__(self, engine: "RayEngine", ctor: dict, *, progress: bool | None,
+                 device: str | None) -> None:
+        self.engine, self.ctor = engine, ctor
+        self.progress, self.device = progress, device
+        self.stack = ExitStack()
+        self.ray = None
+        self.t0 = time.perf_counter()
+        engine.report.clear()
+        engine.report.update(pieces=0, tokens=0, worker_cpu_s=0.0, worker_wall_s=0.0,
+                             actors=set(), devices=set())
+
+    def run(self, items: list[dict]) -> Iterator[tuple[int, dict]]:
+        if not items:
+            return
+        rep = self.engine.report
+        if self.ray is None:
+            t = time.perf_counter()
+            self.ray = self.stack.enter_context(_cluster(self.engine, self.progress))
+            self.workers, self.gpus, device = _placement(self.ray, self.engine, self.device)
+            self.ctor.update(device=device, threads=int(max(1, self.engine.cpus_per_worker)),
+                             batch_tokens=self.engine.batch_tokens)
+            rep.update(cluster_s=time.perf_counter() - t, workers=self.workers,
+                       gpus_per_worker=self.gpus)
+        for pid, out in _run_pieces(self.ray, self.engine, items, self.ctor, self.workers,
+                                    self.gpus):
+            st = out.pop("stats", {})
+            rep["pieces"] += 1
+            rep.setdefault("first_result_s", time.perf_counter() - self.t0)
+            rep["tokens"] += int(st.get("tokens", 0))
+            rep["worker_cpu_s"] += float(st.get("cpu_s", 0.0))
+            rep["worker_wall_s"] += float(st.get("wall_s", 0.0))
+            rep["actors"].add(st.get("pid"))
+            rep["devices"].add(st.get("device"))
+            yield pid, out
+
+    def close(self) -> None:
+        rep = self.engine.report
+        rep["actors"] = len(rep["actors"])
+        rep["devices"] = sorted(str(d) for d in rep["devices"])
+        rep["wall_s"] = time.perf_counter() - self.t0
+        self.stack.close()

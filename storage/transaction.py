@@ -1,0 +1,500 @@
+"""The Writer: the one owner of every change to a database.
+
+An ``add``, a ``delete``, a batch, ``optimize``, ``restore``, ``vacuum`` and an embedding
+refresh all run as the Writer of their handle:
+
+* **the lock**: an ``flock`` on ``write.lock`` (one writer process at a time) and, inside
+  the process, one owning thread per handle: another thread waits until the owner is
+  done (up to ``timeout`` seconds, then :class:`~npmdb.errors.OperationalError`); it never
+  joins the owner's batch. The owner may nest (a batch's adds);
+* **pending changes** of a transaction (new segments, tombstones, claimed ids), the
+  version it was read from, **id and segment allocation**;
+* **per-call rollback**: a call inside a transaction runs in a :meth:`savepoint`; if it
+  fails, the transaction is exactly as before the call (what the call wrote is removed),
+  as with a SQLite savepoint;
+* **the commit**: pending changes, or a maintenance operation, are committed as
+  :mod:`~npmdb.storage.versions` operations against the version they read, in one LMDB
+  transaction, then synced;
+* **recovery**: when it takes the lock, and after a failed change, it removes what a
+  killed or failed writer left (:func:`npmdb.storage.cleanup.recover`).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import re
+import threading
+import time
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+from npmdb.errors import Error, IntegrityError, OperationalError, ProgrammingError
+
+from . import format as F
+from . import versions as V
+from .cleanup import recover, remove_segment, seal
+from .dense import DenseParams
+from .env import Env
+from .integrity import seal_segment
+from .segment_writer import Bar, SegmentWriter, no_bar
+from .segments import Readers, SegmentReader
+
+__all__ = ["Writer", "Transaction"]
+
+
+class _FileLock:
+    """An exclusive, process-level lock (``flock`` on ``write.lock``). LMDB serialises its
+    own write transactions, but a change does long work (encoding, index builds) before
+    its commit transaction, so a whole change holds this lock."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path) / "write.lock"
+        self.fd: int | None = None
+
+    def acquire(self, timeout: float) -> None:
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise OperationalError(f"cannot open the writer lock {self.path}: {exc}") from exc
+        deadline = time.monotonic() + max(timeout, 0.0)
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    holder = _read_pid(fd)
+                    os.close(fd)
+                    who = f" (pid {holder})" if holder else ""
+                    raise OperationalError(
+                        f"the database {self.path.parent} is locked by another writer{who}; "
+                        "wait for it to finish, or pass timeout= to wait") from None
+                time.sleep(0.05)
+        try:  # the pid is informational; a full disk must not stop the writer here
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+        except OSError:
+            pass
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        return int(os.pread(fd, 32, 0).decode().strip() or 0) or None
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass
+class _Changes:
+    """What an open transaction has written but not committed."""
+
+    read: V.Manifest | None            # the version it began on (None: empty database)
+    message: str = ""
+    segments: list[F.SegmentRecord] = field(default_factory=list)
+    deleted: dict[int, set[int]] = field(default_factory=dict)
+    new_ids: dict[str, tuple[int, int]] = field(default_factory=dict)
+    auto_used: int = 0
+    allocated: list[int] = field(default_factory=list)  # segment numbers handed out
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.segments or self.deleted)
+
+    @property
+    def generation(self) -> int:
+        return self.read.generation if self.read else 0
+
+    def view(self) -> V.Manifest:
+        """The read version with this transaction's tombstones (for id lookups)."""
+        m = self.read or V.EMPTY
+        deleted = {s: tuple(sorted(set(v) | self.deleted.get(s, set())))
+                   for s, v in m.deleted.items()}
+        for s, v in self.deleted.items():
+            deleted.setdefault(s, tuple(sorted(v)))
+        return V.Manifest(m.id, m.parent, m.time, m.segments, deleted, m.generation, m.stats)
+
+    def mark(self) -> tuple:
+        return (len(self.segments), {s: set(v) for s, v in self.deleted.items()},
+                dict(self.new_ids), self.auto_used, len(self.allocated))
+
+    def rollback(self, mark: tuple) -> list[int]:
+        """Back to ``mark``; returns the segments allocated since (to remove)."""
+        n_segs, deleted, new_ids, auto_used, n_alloc = mark
+        del self.segments[n_segs:]
+        self.deleted, self.new_ids, self.auto_used = deleted, new_ids, auto_used
+        dropped = self.allocated[n_alloc:]
+        del self.allocated[n_alloc:]
+        return dropped
+
+    def operations(self) -> list[V.Operation]:
+        ops: list[V.Operation] = []
+        if self.segments or self.auto_used:
+            ops.append(V.Append(tuple(self.segments), self.generation, self.auto_used))
+        if self.deleted:
+            ops.append(V.Delete(tuple((s, tuple(sorted(v)))
+                                      for s, v in sorted(self.deleted.items()))))
+        return ops
+
+
+@dataclass
+class Transaction:
+    """The handle ``Writer.transaction()`` yields: ``outermost`` is False when it joined a
+    transaction this thread already had open (a batch); after the block, ``version`` is
+    what it committed (HEAD's id when there was nothing to commit; None when nested)."""
+
+    writer: "Writer"
+    outermost: bool
+    version: int | None = None
+
+
+_ENOSPC_TEXT = re.compile(r"No space left on device|os error 28\b|Disk quota exceeded|"
+                          r"os error 122\b")
+
+
+def os_failure(exc: BaseException) -> bool:
+    """A full disk, a read-only or failing file system (tantivy and FAISS report it as
+    ValueError / RuntimeError text)."""
+    return isinstance(exc, OSError) or (isinstance(exc, Exception) and not isinstance(
+        exc, Error) and bool(_ENOSPC_TEXT.search(str(exc))))
+
+
+def os_message(exc: BaseException, path: Path, committed: bool | None) -> str:
+    code = getattr(exc, "errno", None)
+    if code in (errno.ENOSPC, errno.EDQUOT) or _ENOSPC_TEXT.search(str(exc)):
+        what = f"the disk is full ({path})"
+    elif code == errno.EROFS:
+        what = f"the file system of {path} is read-only"
+    else:
+        what = f"I/O error in {path}"
+    tail = ("the change was committed before the error" if committed else
+            "the change was not committed: the database is as it was before it")
+    return f"{what}: {exc}; {tail}"
+
+
+class Writer:
+    """The writer of one database handle (see the module docstring).
+
+    ``config``: the database's configuration (``block_len``, ``codec``, ``dense``, ``dim``);
+    ``readers``: the handle's segment readers; ``params``: dense index parameters;
+    ``timeout``: seconds to wait for the lock (another process's writer, or another thread
+    of this handle) before OperationalError; ``progress``: show progress bars (None: when
+    stderr is a terminal); ``bars(total, desc, unit)`` makes one.
+    """
+
+    def __init__(self, env: Env, root: Path, config: dict[str, Any], readers: Readers, *,
+                 params: DenseParams, timeout: float = 0.0, progress: bool | None = None,
+                 bars: Callable[[int, str, str], Bar] | None = None) -> None:
+        self.env = env
+        self.root = Path(root)
+        self.config = config
+        self.readers = readers
+        self.params = params
+        self.timeout = timeout
+        self.progress_enabled = progress
+        self.progress = bars or no_bar
+        self._file = _FileLock(self.root)
+        self._cond = threading.Condition()
+        self._owner: int | None = None
+        self._depth = 0
+        self._changes: _Changes | None = None
+        self._allocated: list[int] = []  # segment numbers handed out while held
+
+    @property
+    def block_len(self) -> int:
+        return int(self.config["block_len"])
+
+    def reader(self, seg: int) -> SegmentReader:
+        """The reader of committed segment ``seg``."""
+        with self.env.read() as txn:
+            return self.readers.get(txn, seg)
+
+    def segment_writer(self, seg: int, gen: int, *, existing: SegmentReader | None = None,
+                       codec: str | None = None, engine: str = "local",
+                       merged_from: Sequence[int] = ()) -> SegmentWriter:
+        """The segment writer for new segment ``seg`` (the database's codec and index kind)
+        or, with ``existing``, for generation ``gen`` of that committed segment (its own
+        codec, index kind and chunk size)."""
+        if existing is not None:
+            rec = existing.record
+            return SegmentWriter(self.env, self.root, seg, gen, codec=rec.codec,
+                                 dense=rec.dense, params=self.params, dim=rec.dim,
+                                 chunk=rec.chunk, columns=existing.columns(),
+                                 progress=self.progress, engine=engine)
+        return SegmentWriter(self.env, self.root, seg, gen,
+                             codec=codec or str(self.config.get("codec", "float16")),
+                             dense=str(self.config.get("dense", "hnsw")), params=self.params,
+                             dim=int(self.config["dim"]), progress=self.progress,
+                             engine=engine, merged_from=merged_from)
+
+    # -- the lock -----------------------------------------------------------------------
+
+    @contextmanager
+    def hold(self, timeout: float | None = None) -> Iterator["Writer"]:
+        """Be the writer, for this thread: the outermost hold takes the file lock and
+        recovers; nested holds of the same thread re-enter. ``timeout`` overrides the
+        handle's (None: the handle's)."""
+        wait = self.timeout if timeout is None else timeout
+        outer = self._enter(wait)
+        head = None
+        try:
+            if outer:
+                self._file.acquire(max(0.0, wait))
+                self._allocated = []
+                recover(self.env, self.root)
+                head = self.head_id()
+            yield self
+        except BaseException as exc:
+            if outer and isinstance(exc, Exception) and self._file.fd is not None:
+                with suppress(Exception):  # remove what the failed change left, now
+                    recover(self.env, self.root)
+            if os_failure(exc):
+                moved = None
+                with suppress(Exception):
+                    moved = self.head_id() != head
+                raise OperationalError(os_message(exc, self.root, outer and moved)) from exc
+            raise
+        else:
+            if outer:
+                with suppress(Error):
+                    seal(self.env, self.root)
+        finally:
+            self._exit(outer)
+
+    def _enter(self, timeout: float) -> bool:
+        me = threading.get_ident()
+        with self._cond:
+            if self._owner == me:
+                self._depth += 1
+                return False
+            deadline = time.monotonic() + max(timeout, 0.0)
+            while self._owner is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise OperationalError(
+                        f"the database {self.root} is locked by another writer (a thread of "
+                        "this process is writing through the same handle); wait for it to "
+                        "finish, or pass timeout= to wait")
+                self._cond.wait(left)
+            self._owner, self._depth = me, 1
+            return True
+
+    def _exit(self, outer: bool) -> None:
+        with self._cond:
+            self._depth -= 1
+            if self._depth == 0:
+                self._file.release()
+                self._owner = None
+                self._cond.notify_all()
+
+    @property
+    def held(self) -> bool:
+        """Whether the calling thread is the writer."""
+        return self._owner == threading.get_ident()
+
+    def recover_if_free(self) -> None:
+        """Recover now if no other writer is active (at open)."""
+        try:
+            with self.hold(timeout=0.0):
+                pass
+        except OperationalError:
+            pass  # another writer is active; it recovers on its own
+
+    def close(self) -> None:
+        with self._cond:
+            self._file.release()
+
+    # -- transactions --------------------------------------------------------------------
+
+    @contextmanager
+    def transaction(self, message: str = "") -> Iterator[Transaction]:
+        """A unit of work committed as one version when the outermost transaction of this
+        thread ends (rolled back if it raises); nested ones join it."""
+        with self.hold():
+            if self._changes is not None:
+                yield Transaction(self, outermost=False)
+                return
+            self._changes = _Changes(self.head(), message)
+            tx = Transaction(self, outermost=True)
+            try:
+                yield tx
+                changes, self._changes = self._changes, None
+                if changes.changed:
+                    tx.version = self._commit(changes.operations(), changes.read,
+                                              message=changes.message).id
+                else:
+                    self._remove(changes.allocated)
+                    tx.version = self.head_id()
+            except BaseException:
+                changes, self._changes = self._changes, None
+                if changes is not None:
+                    self._remove(changes.allocated)
+                raise
+
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """One call inside the open transaction: if it raises, the transaction is left
+        exactly as before the call, and the segments it wrote are removed."""
+        changes = self._open()
+        mark = changes.mark()
+        try:
+            yield
+        except BaseException:
+            self._remove(changes.rollback(mark))
+            raise
+
+    def _open(self) -> _Changes:
+        if self._changes is None or not self.held:
+            raise ProgrammingError("no transaction is open in this thread: use "
+                                   "Writer.transaction()")
+        return self._changes
+
+    def _remove(self, segments: Sequence[int]) -> None:
+        for seg in segments:
+            remove_segment(self.env, self.root, seg)
+
+    # -- what the open transaction reads and changes ---------------------------------------
+
+    @property
+    def generation(self) -> int:
+        """The embedding generation new segments of the open transaction are written in."""
+        return self._open().generation
+
+    def allocate_segment(self) -> int:
+        """A new segment number (never handed out twice, even if its writing fails); in a
+        transaction, a failed call's segments are removed at its savepoint."""
+        if not self.held:
+            raise ProgrammingError("allocating a segment needs the writer: use Writer.hold()")
+        with self.env.read() as txn:
+            nxt = int(V.get_meta(txn, self.env.dbs, "next_segment", 1))
+        seg = max([nxt] + [s + 1 for s in self._allocated])
+        self._allocated.append(seg)
+        if self._changes is not None:
+            self._changes.allocated.append(seg)
+        return seg
+
+    def assign_ids(self, ids: Sequence[str | None], seen: dict[str, int], first: int = 0
+                   ) -> list[str]:
+        """Document ids for items ``first, first + 1, ...`` of one add: a ``None`` gets the
+        next free ``doc-N``; an id given twice in the add (``seen``, which this fills) or
+        already live raises IntegrityError."""
+        changes = self._open()
+        out: list[str] = []
+        with self.env.read() as txn:
+            m = changes.view()
+            auto = int(V.get_meta(txn, self.env.dbs, "next_auto", 1)) + changes.auto_used
+
+            def taken(doc_id: str) -> bool:
+                return doc_id in changes.new_ids or \
+                    V.find_doc(txn, self.env.dbs, m, doc_id) is not None
+
+            for j, doc_id in enumerate(ids):
+                i = first + j
+                if doc_id is None:
+                    while True:
+                        cand = f"doc-{auto}"
+                        auto += 1
+                        changes.auto_used += 1
+                        if cand not in seen and not taken(cand):
+                            break
+                    doc_id = cand
+                if doc_id in seen:
+                    raise IntegrityError(f"duplicate document id {doc_id!r} (items "
+                                         f"{seen[doc_id]} and {i} of this add); nothing was "
+                                         "written")
+                seen[doc_id] = i
+                if taken(doc_id):
+                    raise IntegrityError(f"a document with id {doc_id!r} already exists; use "
+                                         "db.update(...) to replace it. Nothing was written")
+                out.append(doc_id)
+        return out
+
+    def append(self, record: F.SegmentRecord, doc_ids: Sequence[str]) -> None:
+        """Add a written segment (documents ``doc_ids``, in order) to the transaction."""
+        changes = self._open()
+        if record.id not in changes.allocated:
+            raise ProgrammingError(f"segment {record.id} was not allocated by this transaction")
+        changes.segments.append(record)
+        for local, doc_id in enumerate(doc_ids):
+            changes.new_ids[doc_id] = (record.id, local)
+
+    def delete(self, doc_ids: Sequence[str], *, missing_ok: bool = False) -> int:
+        """Tombstone live documents (of HEAD or of this transaction); every id is checked
+        before anything changes. Returns how many were deleted."""
+        changes = self._open()
+        found: list[tuple[str, tuple[int, int]]] = []
+        with self.env.read() as txn:
+            m = changes.view()
+            for doc_id in doc_ids:
+                if not isinstance(doc_id, str):
+                    raise ProgrammingError(f"document ids are strings, got {doc_id!r}")
+                loc = V.find_doc(txn, self.env.dbs, m, doc_id) or changes.new_ids.get(doc_id)
+                if loc is None:
+                    if missing_ok:
+                        continue
+                    raise ProgrammingError(f"no document with id {doc_id!r} to delete")
+                found.append((doc_id, loc))
+        for doc_id, (seg, local) in found:
+            changes.deleted.setdefault(seg, set()).add(local)
+            changes.new_ids.pop(doc_id, None)
+        return len(found)
+
+    # -- commits --------------------------------------------------------------------------
+
+    def head(self) -> V.Manifest | None:
+        with self.env.read() as txn:
+            return V.head(txn, self.env.dbs)
+
+    def head_id(self) -> int | None:
+        with self.env.read() as txn:
+            h = V.get_meta(txn, self.env.dbs, "head")
+        return None if h is None else int(h)
+
+    def commit(self, ops: Sequence[V.Operation], *, read: V.Manifest | None,
+               message: str = "", info: dict | None = None, tag: str | None = None
+               ) -> V.Manifest:
+        """Commit ``ops``, read at version ``read``, as one version (see
+        :func:`npmdb.storage.versions.commit`); the caller holds the writer. Maintenance
+        (restore, optimize, a refresh) commits this way; it cannot while this thread's
+        transaction has uncommitted changes."""
+        if not self.held:
+            raise ProgrammingError("commit needs the writer: use Writer.hold()")
+        pending = self._changes
+        if pending is not None and pending.changed:
+            raise ProgrammingError(
+                "this operation commits a version of its own and cannot run inside a batch "
+                "with uncommitted changes: run it after the batch")
+        m = self._commit(ops, read, message=message, info=info, tag=tag)
+        if pending is not None:  # an open (empty) batch goes on from the new version
+            pending.read = m
+        return m
+
+    def _commit(self, ops: Sequence[V.Operation], read: V.Manifest | None, *,
+                message: str = "", info: dict | None = None, tag: str | None = None
+                ) -> V.Manifest:
+        def sealer(txn, seg: int, docs: int | None) -> None:
+            seal_segment(txn, self.env.dbs, self.root, seg, gen_limit=None, docs=docs)
+
+        m = self.env.write(lambda txn: V.commit(txn, self.env.dbs, ops, read, message=message,
+                                                info=info, tag=tag, seal=sealer))
+        self.env.sync()
+        return m
+
+    def maintain(self, fn: Callable[[Any], Any]) -> Any:
+        """Run ``fn(txn)`` in one LMDB write transaction and sync (vacuum, tags): changes
+        that are not versions. The caller holds the writer."""
+        if not self.held:
+            raise ProgrammingError("maintenance needs the writer: use Writer.hold()")
+        out = self.env.write(fn)
+        self.env.sync()
+        return out
