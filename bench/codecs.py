@@ -68,6 +68,16 @@ class ReplayEncoder:
         return np.split(vecs, np.cumsum(sizes)[:-1]) if blocks else []
 
 
+class _OneEncoder:
+    """An encoder cache (``get(generation)``) that always gives the one encoder."""
+
+    def __init__(self, encoder) -> None:
+        self.encoder, self.device = encoder, None
+
+    def get(self, gen: int):
+        return self.encoder
+
+
 def build_replayed(path: Path, source: Path, docs: list[dict], *, codec: str = "float16",
                    dense: str = "hnsw", log=print) -> dict:
     """Build ``path`` from ``docs`` (a prefix of the source's documents, in its order) with
@@ -83,9 +93,12 @@ def build_replayed(path: Path, source: Path, docs: list[dict], *, codec: str = "
     with npmdb.open(source, readonly=True, progress=False) as src:
         real = src.encoder_for(0)
         db = npmdb.open(path, encoder=real.info.path, codec=codec, dense=dense, progress=False)
+    from npmdb import ingest
+
     with npmdb.open(source, readonly=True, progress=False) as src, db:
-        db._encoders.put(0, ReplayEncoder(src.encoder_for(0), src))  # noqa: SLF001 - bench plumbing
-        db.add(docs)
+        replay = _OneEncoder(ReplayEncoder(src.encoder_for(0), src))
+        with db.batch() as writer:  # the ingest pipeline, with the replaying encoder
+            ingest.add(writer, replay, docs)
         tokens = db.stats()["tokens"]
     s = time.perf_counter() - t0
     log(f"  built {path.name} ({codec}, {dense}): {tokens} tokens in {s:.0f} s")

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 
 import numpy as np
 
-from .errors import DataError, NotSupportedError, OperationalError, ProgrammingError
+from .errors import NotSupportedError, OperationalError, ProgrammingError
 from npmdb.query.text import MASK_PATTERN, split_mask
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -220,3 +220,75 @@ def test_refresh_racing_adds_never_leaves_a_version_without_vectors(tmp_path, ti
         assert db.count() == 45
         _every_version_answers(db)
         assert db.check().ok
+
+
+# -- maintenance through the Writer -------------------------------------------------------------
+
+
+def test_optimize_keeps_empty_documents(new_db):
+    """Documents without tokens have no blocks; merging segments must keep them."""
+    new_db.add(_docs("a", 3) + [{"id": "empty", "text": ""}, {"id": "blank", "text": "  "}])
+    new_db.add(_docs("b", 2))
+    new_db.delete(["a1"])
+    before = sorted(d["id"] for d in new_db.documents())
+    new_db.optimize()
+    assert new_db.stats()["segments"] == 1
+    assert sorted(d["id"] for d in new_db.documents()) == before
+    assert new_db.get("empty")["text"] == "" and new_db.count() == len(before)
+    assert new_db.check().clean
+
+
+def test_maintenance_inside_a_batch_with_changes_is_refused(new_db):
+    new_db.add(_docs("a", 2))
+    new_db.add(_docs("b", 2))
+    with pytest.raises(npmdb.ProgrammingError, match="inside a batch"):
+        with new_db.batch():
+            new_db.add(_docs("c", 1))
+            new_db.optimize()
+    assert new_db.count() == 4 and new_db.get("c0") is None
+    with new_db.batch():  # an empty batch may optimize, then go on from the new version
+        new_db.optimize()
+        new_db.add(_docs("c", 1))
+    assert new_db.count() == 5 and new_db.stats()["segments"] == 2
+
+
+def test_a_failed_update_in_a_batch_keeps_the_old_document(new_db, monkeypatch):
+    new_db.add(_docs("a", 2))
+    _fail_installing_segments(monkeypatch)
+    with new_db.batch():
+        with pytest.raises(npmdb.OperationalError, match="injected"):
+            new_db.update([{"id": "a0", "text": "a replacement"}])
+    assert new_db.get("a0")["text"].startswith("a document") and new_db.count() == 2
+
+
+# -- the one commit: operations against the version they read -----------------------------------
+
+
+def _commit(db, ops, read, **kw):
+    from npmdb.storage import versions as V
+
+    return db.env.write(lambda txn: V.commit(txn, db.env.dbs, ops, read, **kw))
+
+
+def test_commit_rebases_only_what_is_provably_safe(new_db):
+    from npmdb.storage import format as F
+    from npmdb.storage import versions as V
+
+    new_db.add(_docs("a", 2))
+    with new_db.env.read() as txn:
+        old = V.head(txn, new_db.env.dbs)
+        rec = F.get_segment(txn, new_db.env.dbs, old.segments[0])
+        g0 = F.get_generation(txn, new_db.env.dbs, 0)
+    new_db.add(_docs("b", 2))  # HEAD moves on
+    head = new_db.version
+    gen = F.GenerationRecord(7, g0.encoder, 0.0, 0)
+    for op in (V.Reembed(gen, old.segments),            # misses the new segment
+               V.Append((), 0, 0),                        # checked against the old version
+               V.Delete(((old.segments[0], (0,)),))):
+        with pytest.raises(npmdb.OperationalError, match="cannot be rebased"):
+            _commit(new_db, [op], old)
+        assert new_db.version == head
+    m = _commit(new_db, [V.Restore(old.id)], old, message="restored")  # always safe
+    assert m.parent == head and m.segments == old.segments and m.stats["docs"] == 2
+    assert new_db.count() == 2 and rec.docs == 2
+

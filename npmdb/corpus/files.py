@@ -1,0 +1,299 @@
+"""Documents from files and directories: JSON lines, JSON, CSV/TSV, Parquet and plain
+text, optionally gzip-compressed; directories are read recursively in sorted order."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import os
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from npmdb.errors import DataError, NotSupportedError, OperationalError
+
+from .records import (
+    _BOM, _PARQUET_BATCH, Document, _check_encodable, _Fields, _from_json_value,
+    _from_mapping, _short,
+)
+
+# --------------------------------------------------------------------------------------------
+# files
+
+
+def _existing_path(source: str | os.PathLike[str], *, top_level: bool,
+                   where: str = "") -> Path:
+    path = Path(source)
+    try:
+        exists = path.exists()
+    except (OSError, ValueError):  # name too long, embedded NUL, ...
+        exists = False
+    if exists:
+        return path
+    prefix = f"{where}: " if where else ""
+    message = f"{prefix}file not found: {_short(os.fspath(source))}"
+    if top_level and isinstance(source, str):
+        message += ("; a str source is always read as a path. To add raw text, pass a list of "
+                    "strings, e.g. db.add([text])")
+    raise DataError(message)
+
+
+def _read_path(path: Path, fields: _Fields) -> Iterator[Document]:
+    if path.is_dir():
+        for file, rel in _walk(path):
+            yield from _read_file(file, rel, fields)
+    else:
+        yield from _read_file(path, path.name, fields)
+
+
+def _walk(root: Path) -> list[tuple[Path, str]]:
+    """Files under ``root`` (recursively, hidden ones skipped) sorted by relative path."""
+    found: list[tuple[tuple[str, ...], Path]] = []
+
+    def fail(exc: OSError) -> None:
+        raise OperationalError(f"{root}: cannot list directory: {exc}") from exc
+
+    for dirpath, dirnames, filenames in os.walk(root, onerror=fail):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        for name in filenames:
+            if name.startswith("."):
+                continue
+            file = Path(dirpath, name)
+            if file.is_file():
+                found.append((file.relative_to(root).parts, file))
+    found.sort(key=lambda item: item[0])
+    return [(file, "/".join(parts)) for parts, file in found]
+
+
+def _format_of(name: str) -> tuple[str, bool]:
+    """(format, gzip-compressed) from a file name's suffixes."""
+    lower = name.lower()
+    compressed = lower.endswith(".gz")
+    if compressed:
+        lower = lower[:-3]
+    for suffixes, fmt in (((".jsonl", ".ndjson"), "jsonl"), ((".json",), "json"),
+                          ((".parquet",), "parquet"), ((".csv",), "csv"), ((".tsv",), "tsv")):
+        if lower.endswith(suffixes):
+            return fmt, compressed
+    return "text", compressed
+
+
+def _read_file(path: Path, rel: str, fields: _Fields) -> Iterator[Document]:
+    fmt, compressed = _format_of(path.name)
+    if fmt == "jsonl":
+        return _read_jsonl(path, compressed, fields, hint="")
+    if fmt == "json":
+        return _read_json(path, compressed, fields)
+    if fmt == "parquet":
+        return _read_parquet(path, fields)
+    if fmt in ("csv", "tsv"):
+        return _read_csv(path, compressed, fields, csv.excel if fmt == "csv" else csv.excel_tab)
+    return _read_text(path, compressed, rel)
+
+
+def _io_error(path: Path, exc: BaseException) -> Exception:
+    if isinstance(exc, (gzip.BadGzipFile, EOFError, zlib.error)):
+        return DataError(f"{path}: not a valid gzip file, or truncated ({exc}); re-compress it, "
+                         "or drop the .gz suffix if it is not compressed")
+    return OperationalError(f"{path}: cannot read file: {exc}")
+
+
+def _open(path: Path, compressed: bool) -> Any:
+    return gzip.open(path, "rb") if compressed else open(path, "rb")  # noqa: SIM115
+
+
+def _binary_lines(path: Path, compressed: bool) -> Iterator[tuple[int, int, bytes]]:
+    """(line number, byte offset, raw line) for each line; I/O errors become npmdb errors."""
+    try:
+        with _open(path, compressed) as handle:
+            offset = 0
+            for lineno, raw in enumerate(handle, 1):
+                if lineno == 1 and raw.startswith(_BOM):
+                    raw = raw[len(_BOM):]
+                    offset = len(_BOM)
+                yield lineno, offset, raw
+                offset += len(raw)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise _io_error(path, exc) from exc
+
+
+def _read_all(path: Path, compressed: bool) -> bytes:
+    try:
+        with _open(path, compressed) as handle:
+            data: bytes = handle.read()
+    except (OSError, EOFError, zlib.error) as exc:
+        raise _io_error(path, exc) from exc
+    return data[len(_BOM):] if data.startswith(_BOM) else data
+
+
+def _decode_file_bytes(data: bytes, path: Path, *, line: int | None = None,
+                       base_offset: int = 0) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if line is None:
+            line = data.count(b"\n", 0, exc.start) + 1
+        raise DataError(
+            f"{path}:{line}: invalid UTF-8 at byte offset {base_offset + exc.start} (byte "
+            f"0x{data[exc.start]:02x}); the file must be UTF-8 encoded: re-encode it "
+            "(e.g. iconv -f latin1 -t utf-8)") from None
+
+
+def _read_jsonl(path: Path, compressed: bool, fields: _Fields, hint: str) -> Iterator[Document]:
+    for lineno, offset, raw in _binary_lines(path, compressed):
+        if not raw.strip():
+            continue
+        where = f"{path}:{lineno}"
+        line = _decode_file_bytes(raw, path, line=lineno, base_offset=offset)
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{where}: malformed JSON at column {exc.colno}: {exc.msg}; each "
+                            f"line must hold one JSON object{hint}") from None
+        yield _from_json_value(value, where, fields)
+
+
+def _first_byte(path: Path, compressed: bool) -> bytes:
+    """The first non-whitespace byte of a file (after a BOM), or b"" if there is none."""
+    try:
+        with _open(path, compressed) as handle:
+            head = handle.read(len(_BOM))
+            chunk = head[len(_BOM):] if head == _BOM else head
+            while True:
+                stripped = chunk.lstrip()
+                if stripped:
+                    return stripped[:1]
+                chunk = handle.read(65536)
+                if not chunk:
+                    return b""
+    except (OSError, EOFError, zlib.error) as exc:
+        raise _io_error(path, exc) from exc
+
+
+def _read_json(path: Path, compressed: bool, fields: _Fields) -> Iterator[Document]:
+    if _first_byte(path, compressed) != b"[":
+        yield from _read_jsonl(path, compressed, fields,
+                               hint=" (a .json file must hold a JSON list of objects, or one "
+                                    "JSON object per line)")
+        return
+    text = _decode_file_bytes(_read_all(path, compressed), path)
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}:{exc.lineno}: malformed JSON at column {exc.colno}: "
+                        f"{exc.msg}") from None
+    for index, value in enumerate(items):
+        yield _from_json_value(value, f"{path}: item {index}", fields)
+
+
+def _raise_csv_field_limit() -> None:
+    # The csv module refuses fields over 128 KiB by default; documents can be longer.
+    limit = 2**31 - 1
+    if csv.field_size_limit() < limit:
+        csv.field_size_limit(limit)
+
+
+def _read_csv(path: Path, compressed: bool, fields: _Fields,
+              dialect: type[csv.Dialect]) -> Iterator[Document]:
+    _raise_csv_field_limit()
+    kind = "CSV" if dialect is csv.excel else "TSV"
+
+    def text_lines() -> Iterator[str]:
+        for lineno, offset, raw in _binary_lines(path, compressed):
+            yield _decode_file_bytes(raw, path, line=lineno, base_offset=offset)
+
+    reader = csv.reader(text_lines(), dialect)
+    try:
+        header = next(reader)
+    except StopIteration:
+        raise DataError(f"{path}: empty {kind} file; a header row naming the columns (with a "
+                        f"{fields.text!r} column) is required") from None
+    except csv.Error as exc:
+        raise DataError(f"{path}:{reader.line_num}: malformed {kind}: {exc}") from None
+    if fields.text not in header:
+        columns = ", ".join(repr(c) for c in header) or "none"
+        raise DataError(f"{path}:1: no {fields.text!r} column (the header row has: {columns}); "
+                        f"the first row must name the columns, one of them {fields.text!r} "
+                        "(or pass text_field=)")
+    duplicates = sorted({c for c in header if header.count(c) > 1})
+    if duplicates:
+        raise DataError(f"{path}:1: duplicate column names in the header: "
+                        f"{', '.join(map(repr, duplicates))}")
+    while True:
+        start = reader.line_num + 1
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            raise DataError(f"{path}:{reader.line_num}: malformed {kind}: {exc}") from None
+        if not row:
+            continue
+        where = f"{path}:{start}"
+        if len(row) != len(header):
+            raise DataError(f"{where}: the row has {len(row)} fields but the header has "
+                            f"{len(header)}; quote fields that contain the delimiter, quotes "
+                            "or newlines")
+        record: dict[str, Any] = dict(zip(header, row))
+        if record.get(fields.id) == "":
+            record[fields.id] = None  # CSV has no null: an empty cell means "assign an id"
+        if "meta" in record:
+            record["meta"] = _csv_meta(record["meta"], where)
+        yield _from_mapping(record, where, fields)
+
+
+def _csv_meta(cell: str, where: str) -> dict[str, Any]:
+    """A CSV ``meta`` column holds a JSON object (or nothing)."""
+    if not cell.strip():
+        return {}
+    try:
+        value = json.loads(cell)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{where}: the 'meta' column must hold a JSON object; it is not valid "
+                        f"JSON ({exc.msg} at character {exc.pos})") from None
+    if not isinstance(value, dict):
+        raise DataError(f"{where}: the 'meta' column must hold a JSON object, got "
+                        f"{_short(value)}")
+    return value
+
+
+def _read_parquet(path: Path, fields: _Fields) -> Iterator[Document]:
+    try:
+        import pyarrow
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise NotSupportedError(f"{path}: reading Parquet files needs pyarrow; install it with "
+                                "`pip install pyarrow` (or `pip install npmdb[arrow]`)") from None
+    bad = (pyarrow.ArrowException, OSError)
+    try:
+        parquet = pq.ParquetFile(path)
+        columns = parquet.schema_arrow.names
+    except bad as exc:
+        raise DataError(f"{path}: not a valid Parquet file: {exc}") from None
+    if fields.text not in columns:
+        listing = ", ".join(repr(c) for c in columns) or "none"
+        raise DataError(f"{path}: no {fields.text!r} column (the columns are: {listing}); "
+                        "rename the column or pass text_field=")
+    batches = parquet.iter_batches(batch_size=_PARQUET_BATCH)
+    row = 0
+    while True:
+        try:
+            batch = next(batches)
+            records = batch.to_pylist()
+        except StopIteration:
+            return
+        except bad as exc:
+            raise DataError(f"{path}: cannot read Parquet data after row {row}: {exc}") from None
+        for record in records:
+            yield _from_mapping(record, f"{path}: row {row}", fields)
+            row += 1
+
+
+def _read_text(path: Path, compressed: bool, rel: str) -> Iterator[Document]:
+    text = _decode_file_bytes(_read_all(path, compressed), path)
+    name = path.name[:-3] if compressed else path.name
+    title = Path(name).stem
+    _check_encodable(rel, str(path), "the file name")
+    yield Document(rel, title, text, {})
