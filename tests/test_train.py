@@ -20,9 +20,9 @@ from npmdb.errors import OperationalError, ProgrammingError
 from npmdb.train.batches import BatchSampler, NeighbourIndex, load_blocks
 from npmdb.train.masking import mask_spans
 from npmdb.train.loss import phrase_loss
-from npmdb.train.trainer import (
-    STATE_DIR, TrainReport, _backward, _context_loss, _RowEncoder, load_train_state,
-)
+from npmdb.train.rows import RowEncoder as _RowEncoder
+from npmdb.train.step import backward as _backward, context_loss as _context_loss
+from npmdb.train.trainer import STATE_DIR, TrainReport, load_train_state
 
 FORBIDDEN = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt")
 

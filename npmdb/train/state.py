@@ -1,0 +1,357 @@
+"""A training run's configuration and its saved state.
+
+:func:`resolve_config` turns :func:`~npmdb.train.train`'s arguments into a frozen
+:class:`TrainConfig`: the ``"default"`` preset, then the named preset (or, when resuming,
+the saved run's hyperparameters), then the arguments passed explicitly (on resume only
+``steps`` and ``refresh_every``), each value checked.
+
+With each generation it writes, the trainer saves its state under ``<db>/train/``: AdamW's
+moments as safetensors (``state.safetensors``) and the step, seed, sampler position and
+hyperparameters as msgpack (``state.msgpack``); :func:`load_checkpoint` reads them back
+as a :class:`Checkpoint`. Nothing is pickled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+import numpy as np
+
+from npmdb.errors import OperationalError, ProgrammingError
+
+from .batches import GROUPINGS
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from npmdb.database import Database
+
+__all__ = ["PRESETS", "STATE_DIR", "TrainConfig", "Checkpoint", "resolve_config",
+           "saved_run", "load_checkpoint", "load_train_state", "save_checkpoint",
+           "optimizer_tensors", "load_optimizer_tensors"]
+
+STATE_DIR = "train"
+STATE_FORMAT = 1
+OBJECTIVES = ("phrase", "token")
+
+# Hyperparameters a preset may set; explicit keyword arguments always win.
+PRESETS: dict[str, dict[str, Any]] = {
+    # NPM-like defaults (the issue's signature): small learning rate, 16 blocks.
+    "default": dict(batch_blocks=16, lr=3e-5, group_size=8, warmup=0.06,
+                    weight_decay=0.01, max_grad_norm=1.0, mask_ratio=0.15,
+                    target_grad=True, freeze_embeddings=False, exclude_repeats=False,
+                    context_negatives=False, refresh_every=0),
+    # The recipe tuned on the bundled dev-small corpus with all-MiniLM-L6-v2 on 2 CPU
+    # cores (<= 30 min with refreshes); see the README/report for its numbers.
+    "demo": dict(steps=400, batch_blocks=32, lr=1e-4, group_size=8, warmup=0.06,
+                 weight_decay=0.01, max_grad_norm=1.0, mask_ratio=0.15),
+}
+_PRESET_KEYS = ("steps", "batch_blocks", "lr", "group_size", "warmup", "weight_decay",
+                "max_grad_norm", "mask_ratio", "target_grad", "freeze_embeddings",
+                "exclude_repeats", "context_negatives", "refresh_every")
+
+
+# --------------------------------------------------------------------------- config
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """The checked settings of one :func:`~npmdb.train.train` call (see its docstring)."""
+
+    steps: int
+    batch_blocks: int
+    lr: float
+    group_size: int
+    warmup: float
+    weight_decay: float
+    max_grad_norm: float
+    mask_ratio: float
+    target_grad: bool
+    freeze_embeddings: bool
+    exclude_repeats: bool
+    context_negatives: bool
+    refresh_every: int
+    objective: str
+    seed: int
+    grouping: str
+    clean_edges: bool
+    max_span_len: int
+    grad_cache: bool
+    chunk_tokens: int
+    loss_chunk: int | None
+    threads: int | None
+    tag_prefix: str
+    log_every: int
+    preset: str | None
+    start_step: int = 0  # the saved run's step when resuming
+
+    @property
+    def warmup_steps(self) -> int:
+        """``warmup`` as a number of steps (a fraction of ``steps`` when < 1)."""
+        w = self.warmup
+        return int(round(w * self.steps)) if w < 1 else int(w)
+
+    def hyper(self) -> dict[str, Any]:
+        """The hyperparameters saved with the run (and restored on resume)."""
+        return dict(batch_blocks=self.batch_blocks, lr=self.lr, group_size=self.group_size,
+                    warmup=self.warmup, weight_decay=self.weight_decay,
+                    max_grad_norm=self.max_grad_norm, mask_ratio=self.mask_ratio,
+                    grouping=self.grouping, clean_edges=self.clean_edges,
+                    max_span_len=self.max_span_len, target_grad=self.target_grad,
+                    freeze_embeddings=self.freeze_embeddings,
+                    exclude_repeats=self.exclude_repeats,
+                    context_negatives=self.context_negatives,
+                    refresh_every=self.refresh_every)
+
+    def summary(self) -> dict[str, Any]:
+        """What :attr:`TrainReport.config <npmdb.train.TrainReport.config>` shows."""
+        return dict(self.hyper(), steps=self.steps, objective=self.objective, seed=self.seed,
+                    refresh_every=self.refresh_every, grad_cache=self.grad_cache,
+                    preset=self.preset)
+
+
+def saved_run(db: "Database", *, preset: str | None, resume: Any) -> "Checkpoint | None":
+    """Checks ``preset`` and ``resume``; with ``resume``, the saved run (which must exist)."""
+    if preset is not None and preset not in PRESETS:
+        raise ProgrammingError(f"unknown preset {preset!r}: use one of {sorted(PRESETS)}")
+    if not isinstance(resume, bool):
+        raise ProgrammingError(f"resume must be True or False, got {resume!r}")
+    if not resume:
+        return None
+    saved = load_checkpoint(db)
+    if saved is None:
+        raise ProgrammingError(f"nothing to resume: {db.path / STATE_DIR} holds no training "
+                               "state (train without resume=True first)")
+    return saved
+
+
+def resolve_config(args: Mapping[str, Any], *, preset: str | None,
+                   saved: "Checkpoint | None") -> TrainConfig:
+    """``args``: train()'s keyword arguments (None: not passed) -> a checked config.
+
+    Precedence: ``PRESETS["default"]`` < ``PRESETS[preset]`` or the saved run's
+    hyperparameters < explicit arguments (on resume only ``steps`` and ``refresh_every``;
+    the saved objective, seed, grouping, clean_edges and max_span_len are kept).
+    """
+    hp: dict[str, Any] = dict(PRESETS["default"])
+    hp["steps"] = None
+    s = saved.meta if saved is not None else None
+    if s is not None:
+        hp.update({k: v for k, v in s["hyper"].items() if k in _PRESET_KEYS})
+    elif preset is not None:
+        hp.update(PRESETS[preset])
+    hp.update({k: args[k] for k in _PRESET_KEYS if args[k] is not None
+               and (s is None or k in ("steps", "refresh_every"))})
+    if hp["steps"] is None:
+        raise ProgrammingError("steps is required: train(db, steps=N) (or preset='demo')")
+    steps = _check_int("steps", hp["steps"], 1)
+    batch_blocks = _check_int("batch_blocks", hp["batch_blocks"], 2)
+    group_size = _check_int("group_size", hp["group_size"], 2)
+    lr = _check_float("lr", hp["lr"], 0.0, 1.0, lo_open=True)
+    warmup = _check_float("warmup", hp["warmup"], 0.0)
+    weight_decay = _check_float("weight_decay", hp["weight_decay"], 0.0)
+    max_grad_norm = _check_float("max_grad_norm", hp["max_grad_norm"], 0.0)
+    mask_ratio = _check_float("mask_ratio", hp["mask_ratio"], 0.0, 1.0, lo_open=True)
+    exclude_repeats = bool(hp["exclude_repeats"])
+    context_negatives = bool(hp["context_negatives"])
+    if context_negatives and not exclude_repeats:
+        raise ProgrammingError("context_negatives=True needs exclude_repeats=True (a visible "
+                               "copy of the answer would become a negative)")
+    objective, seed, grouping = args["objective"], args["seed"], args["grouping"]
+    clean_edges, max_span_len = args["clean_edges"], args["max_span_len"]
+    if s is not None:
+        objective, seed = s["objective"], int(s["seed"])
+        grouping, clean_edges = s["hyper"]["grouping"], bool(s["hyper"]["clean_edges"])
+        max_span_len = int(s["hyper"]["max_span_len"])
+    if objective not in OBJECTIVES:
+        raise ProgrammingError(f"unknown objective {objective!r}: use 'phrase' or 'token'")
+    if grouping not in GROUPINGS:
+        raise ProgrammingError(f"grouping must be one of {GROUPINGS}, got {grouping!r}")
+    refresh_every = _check_int("refresh_every", hp["refresh_every"], 0)
+    seed = _check_int("seed", seed, 0)
+    max_span_len = _check_int("max_span_len", max_span_len, 1)
+    chunk_tokens = _check_int("chunk_tokens", args["chunk_tokens"], 1)
+    log_every = _check_int("log_every", args["log_every"], 0)
+    loss_chunk, threads = args["loss_chunk"], args["threads"]
+    if loss_chunk is not None:
+        loss_chunk = _check_int("loss_chunk", loss_chunk, 1)
+    if threads is not None:
+        threads = _check_int("threads", threads, 1)
+    if not isinstance(args["tag_prefix"], str):
+        raise ProgrammingError("tag_prefix must be a string")
+    start_step = saved.step if saved is not None else 0
+    if start_step >= steps:
+        raise ProgrammingError(f"the saved run is already at step {start_step}: pass "
+                               f"steps > {start_step} to train further")
+    return TrainConfig(
+        steps=steps, batch_blocks=batch_blocks, lr=lr, group_size=group_size, warmup=warmup,
+        weight_decay=weight_decay, max_grad_norm=max_grad_norm, mask_ratio=mask_ratio,
+        target_grad=bool(hp["target_grad"]), freeze_embeddings=bool(hp["freeze_embeddings"]),
+        exclude_repeats=exclude_repeats, context_negatives=context_negatives,
+        refresh_every=refresh_every, objective=objective, seed=seed, grouping=grouping,
+        clean_edges=clean_edges, max_span_len=max_span_len, grad_cache=args["grad_cache"],
+        chunk_tokens=chunk_tokens, loss_chunk=loss_chunk, threads=threads,
+        tag_prefix=args["tag_prefix"], log_every=log_every, preset=preset,
+        start_step=start_step)
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ProgrammingError(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ProgrammingError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _check_float(name: str, value: Any, lo: float, hi: float = math.inf, *,
+                 lo_open: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+        raise ProgrammingError(f"{name} must be a number, got {value!r}")
+    v = float(value)
+    if not math.isfinite(v) or v < lo or (lo_open and v == lo) or v > hi:
+        bound = f"({lo}, {hi}]" if lo_open else f"[{lo}, {hi}]"
+        raise ProgrammingError(f"{name} must be in {bound}, got {value!r}")
+    return v
+
+
+# --------------------------------------------------------------------------- saved state
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    """A saved run: ``meta`` (msgpack: step, generation, seed, objective, hyper, sampler…)
+    and ``optimizer`` (AdamW's state as ``{"<param name>/<field>": tensor}``)."""
+
+    meta: dict
+    optimizer: dict[str, "torch.Tensor"]
+
+    @property
+    def step(self) -> int:
+        return int(self.meta["step"])
+
+    @property
+    def generation(self) -> int:
+        return int(self.meta["generation"])
+
+
+def run_meta(cfg: TrainConfig, *, step: int, sampler: dict, start_generation: int) -> dict:
+    """The msgpack metadata of the run at ``step`` (the generation is added once written)."""
+    return {"format": STATE_FORMAT, "step": step, "steps_total": cfg.steps, "seed": cfg.seed,
+            "objective": cfg.objective, "hyper": cfg.hyper(), "sampler": sampler,
+            "start_generation": start_generation, "time": time.time()}
+
+
+def _state_paths(db: "Database") -> tuple[Path, Path]:
+    d = db.path / STATE_DIR
+    return d / "state.safetensors", d / "state.msgpack"
+
+
+def _fsync_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def save_checkpoint(db: "Database", meta: dict, tensors: dict[str, "torch.Tensor"]) -> None:
+    """Write the optimizer tensors (safetensors) then the metadata (msgpack), atomically each.
+
+    The safetensors header carries the step, so a crash between the two writes is
+    detected on load rather than mixing two checkpoints.
+    """
+    import msgpack
+    from safetensors.torch import save
+
+    st_path, mp_path = _state_paths(db)
+    st_path.parent.mkdir(exist_ok=True)
+    header = {"format": str(STATE_FORMAT), "step": str(meta["step"]),
+              "generation": str(meta["generation"])}
+    _fsync_write(st_path, save({k: v.contiguous() for k, v in tensors.items()}, metadata=header))
+    _fsync_write(mp_path, msgpack.packb(meta, use_bin_type=True))
+    fd = os.open(st_path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def load_checkpoint(db: "Database", *, tensors: bool = True) -> Checkpoint | None:
+    """The saved training state of ``db`` (without the optimizer's unless ``tensors``)."""
+    import msgpack
+
+    st_path, mp_path = _state_paths(db)
+    if not mp_path.exists():
+        return None
+    meta = msgpack.unpackb(mp_path.read_bytes(), raw=False, strict_map_key=False)
+    if int(meta.get("format", 0)) != STATE_FORMAT:
+        raise OperationalError(f"{mp_path} has training-state format {meta.get('format')}, "
+                               f"this npmdb reads {STATE_FORMAT}")
+    if not tensors:
+        return Checkpoint(meta, {})
+    from safetensors import safe_open
+
+    if not st_path.exists():
+        raise OperationalError(f"{st_path} is missing: the training state is incomplete")
+    with safe_open(str(st_path), framework="pt") as fh:
+        header = fh.metadata() or {}
+        if header.get("step") != str(meta["step"]) or \
+                header.get("generation") != str(meta["generation"]):
+            raise OperationalError(
+                f"the training state in {st_path.parent} is torn (optimizer at step "
+                f"{header.get('step')}, metadata at step {meta['step']}): train again "
+                "without resume")
+        out = {k: fh.get_tensor(k) for k in fh.keys()}
+    return Checkpoint(meta, out)
+
+
+def load_train_state(db: "Database", *, tensors: bool = True
+                     ) -> tuple[dict, dict[str, "torch.Tensor"]] | None:
+    """The saved training state ``(meta, optimizer tensors)`` of ``db``, or None."""
+    saved = load_checkpoint(db, tensors=tensors)
+    return None if saved is None else (saved.meta, saved.optimizer)
+
+
+def optimizer_tensors(opt: "torch.optim.Optimizer", names: dict[int, str]
+                      ) -> dict[str, "torch.Tensor"]:
+    """AdamW's per-parameter state as ``{"<param name>/<field>": CPU tensor}`` (copies)."""
+    import torch
+
+    out: dict[str, torch.Tensor] = {}
+    for p, st in opt.state.items():
+        name = names.get(id(p))
+        if name is None:
+            continue
+        for field, val in st.items():
+            if isinstance(val, torch.Tensor):
+                out[f"{name}/{field}"] = val.detach().to("cpu", copy=True)
+            else:
+                out[f"{name}/{field}"] = torch.tensor(float(val))
+    return out
+
+
+def load_optimizer_tensors(opt: "torch.optim.Optimizer", params: dict[str, "torch.Tensor"],
+                           tensors: dict[str, "torch.Tensor"]) -> None:
+    """Put saved :func:`optimizer_tensors` back into ``opt`` (``params``: name -> param)."""
+    import torch
+
+    by_param: dict[str, dict[str, torch.Tensor]] = {}
+    for key, val in tensors.items():
+        name, _, field = key.rpartition("/")
+        by_param.setdefault(name, {})[field] = val
+    for name, fields in by_param.items():
+        p = params.get(name)
+        if p is None:
+            raise OperationalError(f"the saved optimizer state names parameter {name!r}, "
+                                   "which the model does not have")
+        st = {}
+        for field, val in fields.items():
+            if field == "step":
+                st[field] = val.to(torch.float32)  # AdamW keeps step as a CPU float tensor
+            else:
+                st[field] = val.to(p.device, p.dtype)
+        opt.state[p] = st
