@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast bench quality latency clean install
+.PHONY: demo test test-fast bench quality latency clean install encoder encoder-packages
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -36,6 +36,18 @@ latency: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/pip install -q -e ".[bench]"
 	$(BIN)/python -m bench
+
+# Rebuilds the shipped default encoder (npmdb/models/minilm-npm) from packaged text:
+# `npmdb.train.recipe` builds the corpus, trains the base on it, exports the checkpoint.
+ENCODER_PACKAGES := wordnet-base dict-gcide dict-foldoc dict-jargon dict-devil fortunes \
+	$(foreach l,deu fra ita spa nld swe,dict-freedict-$(l)-eng dict-freedict-eng-$(l))
+encoder-packages:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(ENCODER_PACKAGES); \
+	else echo "install as root: apt-get install $(ENCODER_PACKAGES)"; fi
+
+encoder: $(STAMP) encoder-packages
+	$(BIN)/python -m npmdb.train.recipe --out build/encoder
 
 clean:
 	rm -rf $(VENV) *.egg-info demo.npmdb

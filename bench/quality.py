@@ -35,7 +35,8 @@ def evaluate_cloze(db, rows: list[dict], mode: str, *, max_len: int = 10, versio
         by_rel[r.get("relation", "?")].append(ok)
     flat = [x for v in by_len.values() for x in v]
     macro = sum(100.0 * sum(v) / len(v) for v in by_len.values()) / max(len(by_len), 1)
-    return {"mode": mode, "n": len(flat), "em_macro": macro,
+    rel_macro = sum(100.0 * sum(v) / len(v) for v in by_rel.values()) / max(len(by_rel), 1)
+    return {"mode": mode, "n": len(flat), "em_macro": macro, "em_relation_macro": rel_macro,
             "em_micro": 100.0 * sum(flat) / max(len(flat), 1),
             "by_length": {b: {"n": len(v), "em": 100.0 * sum(v) / len(v)} for b, v in sorted(by_len.items())},
             "by_relation": {b: {"n": len(v), "em": 100.0 * sum(v) / len(v)} for b, v in sorted(by_rel.items())},
@@ -81,6 +82,11 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=0, help="first N queries per task (0 = all)")
     ap.add_argument("--version", default=None, help="AS OF this version id or tag")
     ap.add_argument("--name", default=None, help="result file name (bench/results/NAME.json)")
+    ap.add_argument("--split", choices=("all", "held-out", "trained"), default="all",
+                    help="cloze/translation queries whose support documents the shipped "
+                         "encoder never trained on (held-out), or did (trained); "
+                         "see npmdb.train.sources.held_out")
+    ap.add_argument("--k", type=int, default=None, help="dense k (default: fill_mask's)")
     args = ap.parse_args(argv)
 
     data = args.data
@@ -101,13 +107,25 @@ def main(argv=None) -> int:
         out["encoder"] = enc_info.name
         out["generation"] = gen
         out["stats"] = {k: v for k, v in db.stats().items() if k != "config"}
-        lim = (lambda rows: rows[: args.limit]) if args.limit else (lambda rows: rows)
+        from npmdb.train.sources import held_out
+
+        def pick(rows):
+            if args.split != "all":
+                want = args.split == "held-out"
+                rows = [r for r in rows if r.get("support_ids")
+                        and all(held_out(i) for i in r["support_ids"]) == want]
+            return rows[: args.limit] if args.limit else rows
+        lim = pick
+        out["split"] = args.split
+        kw = {"k": args.k} if args.k else {}
         if "cloze" in tasks:
             rows = lim(load_jsonl(data / "cloze.jsonl"))
-            out["tasks"]["cloze"] = {m: evaluate_cloze(db, rows, m, version=version) for m in modes}
+            out["tasks"]["cloze"] = {m: evaluate_cloze(db, rows, m, version=version, **kw)
+                                     for m in modes}
         if "translation" in tasks:
             rows = lim(load_jsonl(data / "translation.jsonl"))
-            out["tasks"]["translation"] = {m: evaluate_cloze(db, rows, m, max_len=20, version=version)
+            out["tasks"]["translation"] = {m: evaluate_cloze(db, rows, m, max_len=20,
+                                                             version=version, **kw)
                                            for m in modes}
     if "sentiment" in tasks:
         # Reviews are the reference corpus for sentiment (data README); they are encoded
@@ -120,10 +138,12 @@ def main(argv=None) -> int:
             if sdb.count() == 0:
                 train_rows = load_jsonl(data / "sentiment_train.jsonl")
                 sdb.add([{"id": r["id"], "text": r["text"]} for r in train_rows])
-            rows = lim(load_jsonl(data / "sentiment_test.jsonl"))
+            rows = load_jsonl(data / "sentiment_test.jsonl")
+            rows = rows[: args.limit] if args.limit else rows
             out["tasks"]["sentiment"] = {"dense": evaluate_sentiment(sdb, rows, version=None)}
     md = render(out)
-    name = args.name or f"quality-{data.name}" + (f"-{args.version}" if args.version else "")
+    name = args.name or (f"quality-{data.name}" + (f"-{args.version}" if args.version else "")
+                         + (f"-{args.split}" if args.split != "all" else ""))
     path = write_result(name, out, md)
     print(md)
     print(f"wrote {path}", file=sys.stderr)
@@ -132,19 +152,33 @@ def main(argv=None) -> int:
 
 def render(out: dict) -> str:
     lines = [f"## Quality — {out['data']} (encoder {out.get('encoder')}, version "
-             f"{out.get('version') or 'HEAD'})", "",
-             "| task | mode | n | EM macro (1/2/3/4+) | EM micro | 1 | 2 | 3 | 4+ | s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             f"{out.get('version') or 'HEAD'}, queries: {out.get('split', 'all')})", "",
+             "| task | mode | n | EM macro (1/2/3/4+) | EM micro | EM relation-macro "
+             "| 1 | 2 | 3 | 4+ | s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for task in ("cloze", "translation"):
         for mode, r in out["tasks"].get(task, {}).items():
             bl = r["by_length"]
             cells = [f"{bl[b]['em']:.1f}" if b in bl else "–" for b in ("1", "2", "3", "4+")]
+            rel = r.get("em_relation_macro")
             lines.append(f"| {task} | {mode} | {r['n']} | {r['em_macro']:.1f} | {r['em_micro']:.1f} | "
+                         + (f"{rel:.1f}" if rel is not None else "–") + " | "
                          + " | ".join(cells) + f" | {r['seconds']:.0f} |")
     for mode, r in out["tasks"].get("sentiment", {}).items():
         lines.append(f"| sentiment (accuracy; {r.get('abstained', 0)} abstained) | {mode} | {r['n']} | "
-                     f"{r['accuracy']:.1f} | | | | | | "
+                     f"{r['accuracy']:.1f} | | | | | | | "
                      f"{r['seconds']:.0f} |")
+    for task in ("cloze", "translation"):
+        runs = out["tasks"].get(task, {})
+        if not runs:
+            continue
+        names = list(next(iter(runs.values()))["by_relation"])
+        lines += ["", f"| {task}: EM by relation | " + " | ".join(names) + " |",
+                  "|---|" + "---:|" * len(names)]
+        for mode, r in runs.items():
+            by = r["by_relation"]
+            lines.append(f"| {mode} | " + " | ".join(
+                f"{by[n]['em']:.1f} ({by[n]['n']})" if n in by else "–" for n in names) + " |")
     return "\n".join(lines) + "\n"
 
 

