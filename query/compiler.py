@@ -3,11 +3,12 @@
 MASKED, TOKENS, EVIDENCE and CLASSIFY compile to a :class:`~npmdb.query.spec.MaskedSpec`
 or :class:`~npmdb.query.spec.ClassifySpec` plus the arguments of
 :func:`~npmdb.query.planner.plan_masked` / :func:`~npmdb.query.planner.plan_classify`
-(answer filter, order, and a tail of row operators ending in ``Project``), and run through
-``Database.run_masked`` / ``run_classify``: the same plans ``fill_mask`` and ``classify``
-build. SEARCH and DOCUMENTS compile to small operator chains (BM25Blocks → BlockRows,
-ScanDocuments) run over one snapshot. WHERE's document terms become a
-:class:`~npmdb.query.spec.DocFilter` that the snapshot applies during retrieval.
+(answer filter, order, and a tail of row operators ending in ``Project``): the same plans
+``fill_mask`` and ``classify`` build. SEARCH and DOCUMENTS compile to small operator
+chains (BM25Blocks → BlockRows, ScanDocuments). Every statement runs through the one
+executor (:func:`npmdb.query.executor.execute`) over a context the caller opens. WHERE's
+document terms become a :class:`~npmdb.query.spec.DocFilter` that the snapshot applies
+during retrieval.
 
 Expressions are compiled to closures over a row (a dict keyed by canonical column:
 ``phrase``, ``score``, ``doc.id``, ``doc.meta`` ...). SQL semantics: NULL propagates
@@ -29,6 +30,8 @@ from npmdb.errors import ProgrammingError
 from . import ast as A
 from . import logical as L
 from .lexer import error_at
+from .context import OpenContext
+from .executor import execute
 from .operators import BM25Blocks, ExecState, Operator
 from .plan import Plan
 from .planner import plan_classify, plan_masked
@@ -37,6 +40,7 @@ from .rows import (
     BlockRows, EvidenceRows, FilterRows, LimitRows, OrderRows, Project, ScanDocuments,
 )
 from .spec import ClassifySpec, DocFilter, MaskedSpec
+from .text import split_mask
 
 __all__ = ["Compiled", "compile_plan", "compile_expr", "like", "show", "format_explain"]
 
@@ -416,29 +420,25 @@ class Compiled:
         if isinstance(self.spec, ClassifySpec):
             return plan_classify(self.spec, **self.plan_args)
         if self.rows_root is not None:
-            return Plan(self.rows_root, kind="rows")
+            return Plan(self.rows_root, kind="rows", query=self.query)
         return None
 
-    def run(self, db: Any) -> Any:
+    def run(self, open_context: OpenContext) -> Any:
+        """Run over the version the statement reads, in a context ``open_context`` opens."""
         from .result import Result
 
-        if isinstance(self.spec, MaskedSpec):
-            res = db.run_masked(self.spec, **self.plan_args)
-        elif isinstance(self.spec, ClassifySpec):
-            res = db.run_classify(self.spec, **self.plan_args)
-        elif self.rows_root is not None:
-            plan = self.physical()
-            with db.snapshot(self.version, self.doc_filter) as snap:
-                st = plan.run(ExecState(snap, self.query))
-                res = Result((), query=self.query, version=snap.manifest.id,
-                             generation=snap.generation, stats=tuple(plan.stats),
-                             plan=plan.explain(analyze=True), info=dict(st.info))
-        else:
-            with db.snapshot(self.version) as snap:
+        if self.spec is not None:
+            split_mask(self.spec.text)  # fail fast on a query without exactly one mask
+        plan = self.physical()
+        with open_context(self.version, self.doc_filter) as ctx:
+            if plan is None:  # LIMIT 0
+                snap = ctx.require()
                 return Result((), query=self.query, version=snap.manifest.id,
                               generation=snap.generation, columns=self.columns, rows=())
-        columns, rows = res.info.pop("projection", (self.columns, ()))
-        return dataclasses.replace(res, columns=columns, rows=rows)
+            res = execute(plan, ctx)
+        if res.columns is None:
+            return dataclasses.replace(res, columns=self.columns, rows=())
+        return res
 
 
 def compile_plan(plan: L.Node, text: str) -> Compiled:
@@ -551,11 +551,11 @@ def _compile_answers(plan, nodes, columns, fns, doc_filter, text) -> Compiled:
 
 # ================================================================ SHOW and EXPLAIN
 
-def show(db: Any, what: str) -> Any:
-    """SHOW VERSIONS (one row per version, oldest first) / SHOW TAGS (tag, version)."""
+def show(versions: list[dict[str, Any]], what: str) -> Any:
+    """SHOW VERSIONS (one row per version, oldest first) / SHOW TAGS (tag, version), from
+    the version history (``ExecContext.history()``)."""
     from .result import Result
 
-    versions = db.versions()
     if what == "VERSIONS":
         columns = ("id", "time", "parent", "tags", "docs", "tokens", "segments", "generation",
                    "head", "message")

@@ -2,7 +2,8 @@
 order and limit, and the projection that every statement ends with.
 
 They share :class:`~npmdb.query.operators.ExecState` and the executor with the span
-operators (:mod:`npmdb.query.operators`); a row is a dict keyed by canonical column.
+operators (:mod:`npmdb.query.operators`, :mod:`npmdb.query.answers`); a row is a dict
+keyed by canonical column.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from typing import Callable
 
 import numpy as np
 
-from .operators import ExecState, Operator, _fmt, snippet, surface
+from .answers import snippet, surface
+from .operators import BlockHits, ExecState, Operator, _fmt
 
 __all__ = ["EvidenceRows", "BlockRows", "ScanDocuments", "FilterRows", "OrderRows", "LimitRows",
            "Project"]
@@ -62,14 +64,16 @@ class EvidenceRows(Operator):
 
 @dataclass(frozen=True)
 class BlockRows(Operator):
-    """One row per retrieved block (``st.blocks``), as ``Database.search`` reports them."""
+    """One row per retrieved block (its child's :class:`BlockHits`), as ``Database.search``
+    reports them."""
 
     children: tuple = ()
 
     def run(self, st: ExecState) -> int:
         snap = st.snapshot
         rows: list[dict] = []
-        for si, block, score in st.blocks:
+        hits = [h for out in st.inputs(self, BlockHits) for h in out.hits]
+        for si, block, score in hits:
             cols = snap.segments[si].columns()
             doc = snap.doc(si, int(cols.block_doc[block]))
             a = int(cols.offsets[cols.block_ptr[block], 0])
