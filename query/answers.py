@@ -1,14 +1,15 @@
 """From candidates to answers: phrase assembly, exact scoring, grouping into answers,
 closed-set labels, and the answer-level tail (filter, order, limit, evidence).
 
-The retrieval operators (:mod:`npmdb.query.operators`) hand these the candidate positions
-as typed outputs (:class:`~npmdb.query.operators.Candidates`); spans, scores and answers
-are still kept on the :class:`~npmdb.query.operators.ExecState`.
+Typed outputs flow up the plan: the retrieval operators (:mod:`npmdb.query.operators`)
+hand these :class:`~npmdb.query.operators.Candidates`; assembly and scoring produce
+:class:`~npmdb.query.operators.Occurrences`; grouping and the tail produce
+:class:`~npmdb.query.operators.Answers` (the groups and the occurrences they index).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -16,7 +17,9 @@ import numpy as np
 from npmdb.storage.format import WORD_END, WORD_START
 
 from . import scoring as S
-from .operators import Candidates, ExecState, Group, Operator, _fmt
+from .operators import (
+    Answers, Candidates, ExecState, Group, Occurrences, Operator, _empty, _fmt,
+)
 from .text import fold, fold_view
 
 __all__ = [
@@ -38,7 +41,7 @@ class AssembleSpans(Operator):
         return _fmt(max_len=self.max_len, clean_edges=self.clean_edges,
                     no_stopwords=self.no_stopwords)
 
-    def run(self, st: ExecState) -> int:
+    def run(self, st: ExecState) -> Occurrences:
         segs, ss, es = [], [], []
         found = st.inputs(self, Candidates)
         starts_by, ends_by = Candidates.union(found, "start"), Candidates.union(found, "end")
@@ -53,12 +56,13 @@ class AssembleSpans(Operator):
             segs.append(np.full(len(spans), si, np.int64))
             ss.append(spans[:, 0])
             es.append(spans[:, 1])
-        if segs:
-            st.seg, st.s, st.e = np.concatenate(segs), np.concatenate(ss), np.concatenate(es)
-        return int(len(st.s))
+        qv = Candidates.query_vectors(found)
+        if not segs:
+            return Occurrences(_empty(np.int64), _empty(np.int64), _empty(np.int64), qv)
+        return Occurrences(np.concatenate(segs), np.concatenate(ss), np.concatenate(es), qv)
 
 
-def _exact_sims(st: ExecState, seg: np.ndarray, pos: list[np.ndarray], qs: list[np.ndarray]
+def _exact_sims(snap: Any, seg: np.ndarray, pos: list[np.ndarray], qs: list[np.ndarray]
                 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Exact ``sim(q, E(c))`` of the candidates ``pos[i]`` (positions in segments ``seg``)
     for query vector ``qs[i]``: per i, (inverse ids into the unique candidates, their sims).
@@ -68,7 +72,6 @@ def _exact_sims(st: ExecState, seg: np.ndarray, pos: list[np.ndarray], qs: list[
     BLAS call leaves its threads spinning and slows the next torch call on a busy machine
     (measured ~50x here).
     """
-    snap = st.snapshot
     scale = 1.0 / np.sqrt(len(qs[0]))
     qs = [np.asarray(q, np.float32) for q in qs]
 
@@ -109,14 +112,14 @@ class ScoreSpans(Operator):
     def detail(self) -> str:
         return _fmt(tau=self.tau, scoring=self.scoring)
 
-    def run(self, st: ExecState) -> int:
-        (inv_s, sims_s), (inv_e, sims_e) = _exact_sims(st, st.seg, [st.s, st.e],
-                                                       [st.qv.start, st.qv.end])
-        st.sim_s, st.sim_e = sims_s[inv_s], sims_e[inv_e]
-        st.score, _, _ = S.span_scores(inv_s, inv_e, sims_s, sims_e, tau=self.tau,
-                                       scoring=self.scoring)
+    def run(self, st: ExecState) -> Occurrences:
+        sp = st.input(self, Occurrences)
+        (inv_s, sims_s), (inv_e, sims_e) = _exact_sims(st.snapshot, sp.seg, [sp.s, sp.e],
+                                                       [sp.qv.start, sp.qv.end])
+        score, _, _ = S.span_scores(inv_s, inv_e, sims_s, sims_e, tau=self.tau,
+                                    scoring=self.scoring)
         st.info["unique_starts"], st.info["unique_ends"] = len(sims_s), len(sims_e)
-        return int(len(st.score))
+        return replace(sp, sim_s=sims_s[inv_s], sim_e=sims_e[inv_e], score=score)
 
 
 @dataclass(frozen=True)
@@ -129,27 +132,26 @@ class ScoreTokens(Operator):
     def detail(self) -> str:
         return _fmt(tau=self.tau)
 
-    def run(self, st: ExecState) -> int:
+    def run(self, st: ExecState) -> Occurrences:
+        found = st.inputs(self, Candidates)
+        qv = Candidates.query_vectors(found)
         segs, poss = [], []
-        for si, p in sorted(Candidates.union(st.inputs(self, Candidates), "token").items()):
+        for si, p in sorted(Candidates.union(found, "token").items()):
             segs.append(np.full(len(p), si, np.int64))
             poss.append(p)
         if not segs:
-            return 0
-        st.seg, st.s = np.concatenate(segs), np.concatenate(poss)
-        st.e = st.s.copy()
-        ((inv, sims),) = _exact_sims(st, st.seg, [st.s], [st.qv.token])
-        st.sim_s = sims[inv]
-        st.score = S.softmax(st.sim_s, self.tau)
-        return int(len(st.score))
+            return Occurrences(_empty(np.int64), _empty(np.int64), _empty(np.int64), qv)
+        seg, s = np.concatenate(segs), np.concatenate(poss)
+        ((inv, sims),) = _exact_sims(st.snapshot, seg, [s], [qv.token])
+        sim = sims[inv]
+        return Occurrences(seg, s, s.copy(), qv, sim_s=sim, score=S.softmax(sim, self.tau))
 
 
 # -- aggregation ----------------------------------------------------------------------------
 
 
-def surface(st: ExecState, si: int, s: int, e: int) -> tuple[str, Any]:
+def surface(snap: Any, si: int, s: int, e: int) -> tuple[str, Any]:
     """The occurrence's text sliced from its document, and the document."""
-    snap = st.snapshot
     seg = snap.segments[si]
     cols = seg.columns()
     doc = seg.doc(snap.txn, int(cols.block_doc[cols.block_of[s]]))
@@ -160,11 +162,10 @@ class Surfaces:
     """The surface texts of many occurrences, computed on demand: ``keys()`` gives every
     occurrence's folded text (the grouping key) and ``text(i)`` one occurrence's text."""
 
-    def __init__(self, st: ExecState, seg: np.ndarray, s: np.ndarray, e: np.ndarray) -> None:
+    def __init__(self, snap: Any, seg: np.ndarray, s: np.ndarray, e: np.ndarray) -> None:
         self.n = len(s)
         self.docs = np.zeros(self.n, dtype=np.int64)
         self._parts = []  # (rows, doc numbers, starts, ends, {doc: (text, folded)})
-        snap = st.snapshot
         for si in np.unique(seg):
             rows = np.flatnonzero(seg == si)
             reader = snap.segments[int(si)]
@@ -259,31 +260,34 @@ class Aggregate(Operator):
         return _fmt(group_by=self.group_by, alpha=self.alpha) + (
             f", top_n={self.top_n}" if self.top_n else "")
 
-    def run(self, st: ExecState) -> int:
-        if self.group_by == "word":
-            for i in range(len(st.s)):
-                cols = st.snapshot.segments[int(st.seg[i])].columns()
-                st.s[i], st.e[i] = _word_bounds(cols, int(st.s[i]), int(st.e[i]))
-        sf = Surfaces(st, st.seg, st.s, st.e)
+    def run(self, st: ExecState) -> Answers:
+        occ = st.input(self, Occurrences)
+        snap = st.snapshot
+        if self.group_by == "word":  # occurrences widen to whole words
+            ws, we = occ.s.copy(), occ.e.copy()
+            for i in range(len(ws)):
+                cols = snap.segments[int(occ.seg[i])].columns()
+                ws[i], we[i] = _word_bounds(cols, int(ws[i]), int(we[i]))
+            occ = replace(occ, s=ws, e=we)
+        sf = Surfaces(snap, occ.seg, occ.s, occ.e)
         docs = sf.docs
-        n_tokens = st.e - st.s + 1
+        n_tokens = occ.e - occ.s + 1
         if self.group_by in ("phrase", "word"):
             keys = sf.keys()
         elif self.group_by == "tokens":
             keys = []
-            for si, s, e in zip(st.seg.tolist(), st.s.tolist(), st.e.tolist()):
-                keys.append(tuple(st.snapshot.segments[si].columns().tokens[s:e + 1].tolist()))
+            for si, s, e in zip(occ.seg.tolist(), occ.s.tolist(), occ.e.tolist()):
+                keys.append(tuple(snap.segments[si].columns().tokens[s:e + 1].tolist()))
         else:  # document
-            keys = list(zip(st.seg.tolist(), docs.tolist()))
-        groups = _make_groups(keys, sf.text, np.asarray(st.score, np.float64), n_tokens,
+            keys = list(zip(occ.seg.tolist(), docs.tolist()))
+        groups = _make_groups(keys, sf.text, np.asarray(occ.score, np.float64), n_tokens,
                               alpha=self.alpha, top_n=self.top_n)
         if self.group_by == "document":
             for g in groups:
                 si, local = g.key
-                g.text = st.snapshot.doc(si, local).id
-        st.groups = groups
+                g.text = snap.doc(si, local).id
         st.info["answers"] = len(set(keys))
-        return st.info["answers"]
+        return Answers(groups, occ, st.info["answers"])
 
 
 @dataclass(frozen=True)
@@ -300,13 +304,15 @@ class ClassifyLabels(Operator):
         return _fmt(labels="{" + ", ".join(f"{l}: {list(w)}" for l, w in self.labels) + "}",
                     tau=self.tau)
 
-    def run(self, st: ExecState) -> int:
+    def run(self, st: ExecState) -> Answers:
+        occ = st.input(self, Occurrences)
         word_to_labels: dict[str, list[str]] = {}
         for label, words in self.labels:
             for w in words:
                 word_to_labels.setdefault(fold(w), []).append(label)
-        logits = S.label_logits(st.sim_s, st.sim_e if self.mode == "phrase" else None, self.tau)
-        keys = Surfaces(st, st.seg, st.s, st.e).keys()
+        logits = S.label_logits(occ.sim_s, occ.sim_e if self.mode == "phrase" else None,
+                                self.tau)
+        keys = Surfaces(st.snapshot, occ.seg, occ.s, occ.e).keys()
         members: dict[str, list[int]] = {l: [] for l, _ in self.labels}
         for i, t in enumerate(keys):
             for label in word_to_labels.get(t, ()):
@@ -325,8 +331,7 @@ class ClassifyLabels(Operator):
                       weights=np.exp(np.minimum(logits, 700.0)) if len(idx) else None)
             g.extra["log_score"] = log_score
             groups.append(g)
-        st.groups = groups
-        return len(groups)
+        return Answers(groups, occ, len(groups))
 
 
 # -- relational tail ----------------------------------------------------------------------
@@ -341,9 +346,10 @@ class FilterAnswers(Operator):
     def detail(self) -> str:
         return self.describe
 
-    def run(self, st: ExecState) -> int:
-        st.groups = [g for g in st.groups if self.predicate(g)]
-        return len(st.groups)
+    def run(self, st: ExecState) -> Answers:
+        ans = st.input(self, Answers)
+        kept = [g for g in ans.groups if self.predicate(g)]
+        return replace(ans, groups=kept, count=len(kept))
 
 
 @dataclass(frozen=True)
@@ -354,10 +360,12 @@ class OrderBy(Operator):
     def detail(self) -> str:
         return ", ".join(f"{k} {'DESC' if d else 'ASC'}" for k, d in self.keys)
 
-    def run(self, st: ExecState) -> int:
+    def run(self, st: ExecState) -> Answers:
+        ans = st.input(self, Answers)
+        groups = list(ans.groups)
         for col, desc in reversed(self.keys):
-            st.groups.sort(key=lambda g: _sort_value(g, col), reverse=desc)
-        return len(st.groups)
+            groups.sort(key=lambda g: _sort_value(g, col), reverse=desc)
+        return replace(ans, groups=groups, count=len(groups))
 
 
 def _sort_value(g: Group, col: str):
@@ -383,10 +391,11 @@ class Limit(Operator):
     def detail(self) -> str:
         return _fmt(limit=self.n, offset=self.offset) if self.n else _fmt(offset=self.offset)
 
-    def run(self, st: ExecState) -> int:
+    def run(self, st: ExecState) -> Answers:
+        ans = st.input(self, Answers)
         end = self.offset + self.n if self.n else None
-        st.groups = st.groups[self.offset:end]
-        return len(st.groups)
+        kept = ans.groups[self.offset:end]
+        return replace(ans, groups=kept, count=len(kept))
 
 
 @dataclass(frozen=True)
@@ -399,23 +408,27 @@ class AttachEvidence(Operator):
     def detail(self) -> str:
         return _fmt(per_answer=self.n)
 
-    def run(self, st: ExecState) -> int:
+    def run(self, st: ExecState) -> Answers:
         from .result import Evidence
 
+        ans = st.input(self, Answers)
+        occ, snap = ans.occ, st.snapshot
         count = 0
-        for g in st.groups:
-            w = g.weights if g.weights is not None else st.score
+        groups = []
+        for g in ans.groups:
+            w = g.weights if g.weights is not None else occ.score
             idx = g.idx[np.argsort(-np.asarray(w)[g.idx], kind="stable")][: self.n]
-            g.evidence = []
+            evidence = []
             for i in idx.tolist():
-                si, s, e = int(st.seg[i]), int(st.s[i]), int(st.e[i])
-                cols = st.snapshot.segments[si].columns()
-                _, doc = surface(st, si, s, e)
+                si, s, e = int(occ.seg[i]), int(occ.s[i]), int(occ.e[i])
+                cols = snap.segments[si].columns()
+                _, doc = surface(snap, si, s, e)
                 a, b = int(cols.offsets[s, 0]), int(cols.offsets[e, 1])
-                g.evidence.append(Evidence(doc.id, doc.title, "text", a, b, snippet(doc.text, a, b),
-                                           float(w[i])))
-                count += 1
-        return count
+                evidence.append(Evidence(doc.id, doc.title, "text", a, b, snippet(doc.text, a, b),
+                                         float(w[i])))
+            count += len(evidence)
+            groups.append(replace(g, evidence=evidence))
+        return replace(ans, groups=groups, count=count)
 
 
 def snippet(text: str, a: int, b: int, width: int = 80) -> str:

@@ -32,7 +32,7 @@ from . import logical as L
 from .lexer import error_at
 from .context import OpenContext
 from .executor import execute
-from .operators import BM25Blocks, ExecState, Operator
+from .operators import Answers, BM25Blocks, Operator
 from .plan import Plan
 from .planner import plan_classify, plan_masked
 from .printer import expr_to_sql
@@ -367,11 +367,11 @@ def _answer_row(g: Any) -> Row:
             "tokens": g.n_tokens, "length": len(g.text.split())}
 
 
-def _output_row(g: Any, st: ExecState, rank: int) -> Row:
+def _output_row(g: Any, snap: Any, rank: int) -> Row:
     row = _answer_row(g)
     ev = g.evidence[0] if g.evidence else None
     row.update({
-        "rank": rank, "version": st.snapshot.manifest.id, "generation": st.snapshot.generation,
+        "rank": rank, "version": snap.manifest.id, "generation": snap.generation,
         "evidence": [dataclasses.asdict(x) for x in g.evidence],
         "start": ev.start if ev else None, "end": ev.end if ev else None,
         "snippet": ev.snippet if ev else None,
@@ -483,7 +483,7 @@ def _stack(ops: list[Operator]) -> Operator:
 
 
 def _project(columns: tuple[str, ...], fns: list[Callable[[Row], Any]]) -> Project:
-    return Project(columns, lambda st: [tuple(f(r) for f in fns) for r in st.rows])
+    return Project(columns, lambda rows, _snap: [tuple(f(r) for f in fns) for r in rows.rows])
 
 
 def _compile_rows(plan, nodes, columns, fns, doc_filter, text) -> Compiled:
@@ -540,9 +540,9 @@ def _compile_answers(plan, nodes, columns, fns, doc_filter, text) -> Compiled:
         tail = [EvidenceRows(expand.per_answer, offset)] + _row_ops(nodes, text) + \
             [_project(columns, fns)]
     else:
-        def make(st: ExecState) -> list[tuple]:
+        def make(ans: Answers, snap: Any) -> list[tuple]:
             return [tuple(f(row) for f in fns) for row in
-                    (_output_row(g, st, offset + i + 1) for i, g in enumerate(st.groups))]
+                    (_output_row(g, snap, offset + i + 1) for i, g in enumerate(ans.groups))]
         tail = [Project(columns, make)]
     plan_args["tail"] = tuple(tail)
     return Compiled(plan, leaf.source, columns, spec=spec, plan_args=plan_args, query=leaf.query,

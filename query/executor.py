@@ -7,9 +7,9 @@ context's snapshot and wraps what it produced as a :class:`~npmdb.query.result.R
 
 Running a plan: children first; sibling operators marked ``concurrent`` (the start and end
 ANN searches) run side by side after a serial ``prepare`` that does their reads through
-the snapshot's LMDB transaction (one thread at a time may use it). An operator that
-returns a typed output (:class:`~npmdb.query.operators.Output`) has it kept for its parent
-(``state.inputs``); one that returns a row count has written its result to the state.
+the snapshot's LMDB transaction (one thread at a time may use it). Every operator returns
+a typed output (:class:`~npmdb.query.operators.Output`), kept per operator for its parent
+(``state.inputs``).
 Stages are recorded in serial order, with rows and milliseconds; a failure that is not an
 :class:`~npmdb.errors.Error` reads "operator 'x' failed".
 """
@@ -24,7 +24,7 @@ from typing import Any
 from npmdb.errors import Error, InternalError, ProgrammingError
 
 from .context import ExecContext
-from .operators import ExecState, Operator, Output
+from .operators import ExecState, Operator, Projection
 from .plan import Plan, StageStat
 from .result import Answer, Result
 
@@ -54,12 +54,13 @@ def execute(plan: Plan, ctx: ExecContext) -> Result:
                                "add some with db.add(...)")
     state = run_plan(plan, ExecState(snap, plan.query, encode=ctx.encode))
     answers = tuple(Answer(g.text, float(g.score), g.support, tuple(g.evidence), g.n_tokens)
-                    for g in state.groups) if plan.kind in _ANSWER_KINDS else ()
-    info = dict(state.info)
-    columns, rows = info.pop("projection", (None, None))
+                    for g in state.groups)
+    out = state.outputs.get(id(plan.root))
+    columns, rows = (out.columns, out.rows) if isinstance(out, Projection) else (None, None)
     return Result(answers, query=plan.query, version=snap.manifest.id,
                   generation=snap.generation, stats=tuple(plan.stats),
-                  plan=plan.explain(analyze=True), info=info, columns=columns, rows=rows)
+                  plan=plan.explain(analyze=True), info=dict(state.info), columns=columns,
+                  rows=rows)
 
 
 def _timed(op: Operator, state: ExecState, depth: int) -> tuple[Operator, StageStat, Any]:
@@ -72,8 +73,7 @@ def _timed(op: Operator, state: ExecState, depth: int) -> tuple[Operator, StageS
         raise InternalError(f"operator {op.name!r} failed: {type(exc).__name__}: {exc}"
                             ) from exc
     ms = (time.perf_counter() - t0) * 1000.0
-    rows = out.count if isinstance(out, Output) else out
-    return op, StageStat(op.name, op.detail(), int(rows), ms, depth), out
+    return op, StageStat(op.name, op.detail(), int(out.count), ms, depth), out
 
 
 def run_plan(plan: Plan, state: ExecState) -> ExecState:
@@ -83,8 +83,7 @@ def run_plan(plan: Plan, state: ExecState) -> ExecState:
 
     def keep(result: tuple[Operator, StageStat, Any]) -> None:
         op, stat, out = result
-        if isinstance(out, Output):
-            state.outputs[id(op)] = out
+        state.outputs[id(op)] = out
         measured.append((op, stat))
 
     def visit(op: Operator, depth: int) -> None:
@@ -111,6 +110,7 @@ def run_plan(plan: Plan, state: ExecState) -> ExecState:
                 keep(f.result())
         keep(_timed(op, state, depth))
 
+    state.root = plan.root
     visit(plan.root, 0)
     # stages in the order a serial run records them (children first, left to right)
     rank: dict[int, int] = {}

@@ -3,11 +3,11 @@ typed outputs, and query encoding and candidate retrieval (dense ANN, exact scan
 
 Every operator is a frozen dataclass of its parameters with ``run(state)``; the executor
 (:mod:`npmdb.query.executor`) runs a plan's operators bottom-up over one :class:`ExecState`
-and records rows and milliseconds per operator. An operator returns either a typed
+and records rows and milliseconds per operator. An operator returns a typed, frozen
 :class:`Output` (kept by the executor for its parent, which reads it with
-``state.inputs(self, kind)``) or, where it writes its result to the state, a row count.
-Operators read storage only through the snapshot in the state. Span assembly, scoring and
-answers are in :mod:`npmdb.query.answers`; row-level operators (EVIDENCE, SEARCH,
+``state.inputs(self, kind)``); nothing else passes between operators (``state.info``
+only collects notes for the Result). Operators read storage only through the snapshot in
+the state. Span assembly, scoring and answers are in :mod:`npmdb.query.answers`; row-level operators (EVIDENCE, SEARCH,
 DOCUMENTS, projection) in :mod:`npmdb.query.rows`.
 """
 
@@ -25,7 +25,8 @@ from npmdb.storage.format import VALID_END, VALID_START
 from .text import MASK_PATTERN
 
 __all__ = [
-    "ExecState", "Operator", "Output", "Candidates", "BlockHits", "Group", "EncodeQuery",
+    "ExecState", "Operator", "Output", "QueryVectors", "Candidates", "BlockHits", "Occurrences",
+    "Answers", "Rows", "Projection", "Group", "EncodeQuery",
     "DenseTopK", "ExactTopK", "BM25Blocks", "BlockTokens", "per_segment",
 ]
 
@@ -44,7 +45,7 @@ class Group:
     score: float = 0.0
     n_tokens: int = 0
     idx: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    weights: np.ndarray | None = None  # per-occurrence scores when not st.score (classify)
+    weights: np.ndarray | None = None  # per-occurrence scores when not occ.score (classify)
     evidence: list = field(default_factory=list)
     extra: dict = field(default_factory=dict)
 
@@ -63,11 +64,25 @@ class Output:
 
 
 @dataclass(frozen=True)
+class QueryVectors(Output):
+    """The query's vectors (``.start``/``.end`` in phrase mode, ``.token`` in token mode)."""
+
+    vectors: Any
+    count: int
+
+    def side(self, side: str) -> np.ndarray:
+        v = self.vectors
+        return {"start": v.start, "end": v.end, "token": v.token}[side]
+
+
+@dataclass(frozen=True)
 class Candidates(Output):
-    """Candidate positions per side ('start' | 'end' | 'token') and segment index."""
+    """Candidate positions per side ('start' | 'end' | 'token') and segment index, and the
+    query vectors they were retrieved for (None where none were needed: BM25 blocks)."""
 
     by_side: Mapping[str, Mapping[int, np.ndarray]]
     count: int
+    qv: Any = None
 
     @staticmethod
     def union(found: list["Candidates"], side: str) -> dict[int, np.ndarray]:
@@ -79,6 +94,10 @@ class Candidates(Output):
                 prev = merged.get(si)
                 merged[si] = p if prev is None else np.union1d(prev, p)
         return merged
+
+    @staticmethod
+    def query_vectors(found: list["Candidates"]) -> Any:
+        return next((c.qv for c in found if c.qv is not None), None)
 
 
 @dataclass(frozen=True)
@@ -92,30 +111,75 @@ class BlockHits(Output):
         return len(self.hits)
 
 
+def _empty(dtype: Any = np.float64) -> np.ndarray:
+    return np.zeros(0, dtype)
+
+
+@dataclass(frozen=True)
+class Occurrences(Output):
+    """Spans (phrase mode) or tokens (token mode, ``e == s``) as parallel arrays over all
+    segments: segment index, first and last token; once scored, the exact similarities
+    (``sim_e`` in phrase mode only) and each occurrence's score."""
+
+    seg: np.ndarray
+    s: np.ndarray
+    e: np.ndarray
+    qv: Any = None
+    sim_s: np.ndarray = field(default_factory=_empty)
+    sim_e: np.ndarray = field(default_factory=_empty)
+    score: np.ndarray = field(default_factory=_empty)
+
+    @property
+    def count(self) -> int:  # type: ignore[override]
+        return int(len(self.s))
+
+
+@dataclass(frozen=True)
+class Answers(Output):
+    """Answers (or labels), in their current order; each group's ``idx`` indexes ``occ``."""
+
+    groups: list[Group]
+    occ: Occurrences
+    count: int
+
+
+@dataclass(frozen=True)
+class Rows(Output):
+    """Row-level results (EVIDENCE, SEARCH, DOCUMENTS): one dict per row, keyed by column."""
+
+    rows: list[dict]
+
+    @property
+    def count(self) -> int:  # type: ignore[override]
+        return len(self.rows)
+
+
+@dataclass(frozen=True)
+class Projection(Output):
+    """The statement's output: column names and one tuple per row."""
+
+    columns: tuple[str, ...]
+    rows: tuple[tuple, ...]
+
+    @property
+    def count(self) -> int:  # type: ignore[override]
+        return len(self.rows)
+
+
 O = TypeVar("O", bound=Output)
 
 
 @dataclass
 class ExecState:
-    """One run of a plan: the snapshot it reads, the query, the outputs of the operators
-    run so far, and (not yet typed outputs) the spans, scores, answers and rows."""
+    """One run of a plan: the snapshot it reads, the query, the typed outputs of the
+    operators run so far (by operator), and ``info`` notes for the Result."""
 
     snapshot: Any
     text: str
     encode: Callable[[str, str], Any] | None = None  # None: the snapshot's encoder
-    qv: Any = None
     outputs: dict[int, Output] = field(default_factory=dict)  # by id(operator)
-    # spans (phrase mode) or tokens (token mode): parallel arrays over all segments
-    seg: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    s: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    e: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    sim_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    sim_e: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    score: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    groups: list[Group] = field(default_factory=list)
     info: dict = field(default_factory=dict)
-    # row-level operators (EVIDENCE, SEARCH, DOCUMENTS): one dict per row, keyed by column
-    rows: list[dict] = field(default_factory=list)
+    root: "Operator | None" = None  # the plan's root, once run
     # what an operator's serial ``prepare`` computed for its (concurrent) ``run``
     prepared: dict[int, Any] = field(default_factory=dict)
 
@@ -124,10 +188,34 @@ class ExecState:
         found = (self.outputs.get(id(c)) for c in op.children)
         return [o for o in found if isinstance(o, kind)]
 
+    def input(self, op: "Operator", kind: type[O]) -> O:
+        """The one ``kind`` output of ``op``'s children."""
+        found = self.inputs(op, kind)
+        if len(found) != 1:
+            raise RuntimeError(f"{op.name} expects one {kind.__name__} input, got {len(found)}")
+        return found[0]
+
+    def nearest(self, kind: type[O]) -> O | None:
+        """The output of the highest operator on the root's first-child chain that is a
+        ``kind`` (the answers a plan ends with, under its row operators)."""
+        op = self.root
+        while op is not None:
+            out = self.outputs.get(id(op))
+            if isinstance(out, kind):
+                return out
+            op = op.children[0] if op.children else None
+        return None
+
+    @property
+    def groups(self) -> list[Group]:
+        """The answers the plan produced (empty for a plan of rows only)."""
+        found = self.nearest(Answers)
+        return found.groups if found is not None else []
+
 
 class Operator:
-    """Base: ``name``, ``children``, ``detail()`` for EXPLAIN, ``run(state)`` -> an
-    :class:`Output` or a row count.
+    """Base: ``name``, ``children``, ``detail()`` for EXPLAIN, ``run(state)`` -> its
+    :class:`Output`.
 
     ``concurrent`` operators may run at the same time as concurrent siblings (the executor
     runs their ``prepare`` first, one at a time: everything that reads through the
@@ -147,7 +235,7 @@ class Operator:
     def detail(self) -> str:
         return ""
 
-    def run(self, st: ExecState) -> "Output | int":  # pragma: no cover - abstract
+    def run(self, st: ExecState) -> Output:  # pragma: no cover - abstract
         raise NotImplementedError
 
 
@@ -186,27 +274,22 @@ class EncodeQuery(Operator):
     def detail(self) -> str:
         return _fmt(mode=self.mode)
 
-    def run(self, st: ExecState) -> int:
+    def run(self, st: ExecState) -> QueryVectors:
         if st.encode is not None:
-            st.qv = st.encode(st.text, self.mode)
+            qv = st.encode(st.text, self.mode)
         else:
-            st.qv = st.snapshot.encoder().encode_query(st.text, self.mode)
-        return 2 if self.mode == "phrase" else 1
-
-
-def _query_vector(st: ExecState, side: str) -> np.ndarray:
-    qv = st.qv
-    return {"start": qv.start, "end": qv.end, "token": qv.token}[side]
+            qv = st.snapshot.encoder().encode_query(st.text, self.mode)
+        return QueryVectors(qv, 2 if self.mode == "phrase" else 1)
 
 
 # -- candidate retrieval ------------------------------------------------------------------
 
 
 def _merge_topk(side: str, found: list[tuple[int, np.ndarray, np.ndarray]],
-                k: int) -> Candidates:
+                k: int, qv: QueryVectors) -> Candidates:
     """Keep the global top ``k`` over all segments, per segment."""
     if not found:
-        return Candidates({side: {}}, 0)
+        return Candidates({side: {}}, 0, qv.vectors)
     segs = np.concatenate([np.full(len(p), si, np.int64) for si, p, _ in found])
     pos = np.concatenate([p for _, p, _ in found])
     sc = np.concatenate([s for _, _, s in found])
@@ -218,7 +301,7 @@ def _merge_topk(side: str, found: list[tuple[int, np.ndarray, np.ndarray]],
         keep = np.argpartition(-sc, k - 1)[:k]
         segs, pos = segs[keep], pos[keep]
     return Candidates({side: {int(si): pos[segs == si] for si in np.unique(segs)}},
-                      int(len(pos)))
+                      int(len(pos)), qv.vectors)
 
 
 @dataclass(frozen=True)
@@ -247,7 +330,8 @@ class DenseTopK(Operator):
 
     def run(self, st: ExecState) -> Candidates:
         snap = st.snapshot
-        q = _query_vector(st, self.side)
+        qv = st.input(self, QueryVectors)
+        q = qv.side(self.side)
         sides = ("start", "end") if self.side == "token" else (self.side,)
         if id(self) not in st.prepared:
             self.prepare(st)
@@ -271,7 +355,7 @@ class DenseTopK(Operator):
             return out
 
         found = [f for part in per_segment(one, len(snap.segments)) for f in part]
-        return _merge_topk(self.side, found, self.k)
+        return _merge_topk(self.side, found, self.k, qv)
 
 
 @dataclass(frozen=True)
@@ -289,7 +373,8 @@ class ExactTopK(Operator):
 
     def run(self, st: ExecState) -> Candidates:
         snap = st.snapshot
-        q = _query_vector(st, self.side)
+        qv = st.input(self, QueryVectors)
+        q = qv.side(self.side)
         found = []
         for si, seg in enumerate(snap.segments):
             cols = seg.columns(snap.txn)
@@ -299,7 +384,7 @@ class ExactTopK(Operator):
                 mask &= allowed[cols.doc_of(np.arange(cols.n_tokens))]
             pos, sc = seg.scan(snap.txn, snap.generation, q, mask, self.k)
             found.append((si, pos, sc))
-        return _merge_topk(self.side, found, self.k)
+        return _merge_topk(self.side, found, self.k, qv)
 
 
 @dataclass(frozen=True)
@@ -358,4 +443,5 @@ class BlockTokens(Operator):
                     prev = found[side].get(si)
                     found[side][si] = sel if prev is None else np.union1d(prev, sel)
                 n += len(pos)
-        return Candidates(found, n)
+        qv = st.inputs(self, QueryVectors)
+        return Candidates(found, n, qv[0].vectors if qv else None)

@@ -99,5 +99,5 @@ def plan_search(text: str, limit: int) -> Plan:
     """``Database.search``: the top ``limit`` blocks by BM25, one row each
     (:data:`SEARCH_COLUMNS`), as SQL's SEARCH source runs them."""
     rows = BlockRows(children=(BM25Blocks(limit),))
-    return Plan(Project(SEARCH_COLUMNS, lambda st: [_search_row(r) for r in st.rows],
+    return Plan(Project(SEARCH_COLUMNS, lambda rows, _snap: [_search_row(r) for r in rows.rows],
                         children=(rows,)), kind="rows", query=text)
