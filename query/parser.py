@@ -22,7 +22,7 @@ from npmdb.errors import Error, InterfaceError, InternalError, QueryParseError
 from . import ast as A
 from .expressions import CLAUSES as _CLAUSES
 from .expressions import CONSTANTS as _CONSTANTS
-from .expressions import MAX_DEPTH, ExprParser, _suggest
+from .expressions import MAX_DEPTH, ExprParser
 from .lexer import MAX_QUERY_LENGTH, Token, error_at, tokenize
 
 __all__ = ["parse", "parse_expression", "MAX_DEPTH", "MAX_QUERY_LENGTH", "error_at"]
