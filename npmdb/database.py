@@ -23,11 +23,13 @@ from .corpus import read_documents
 from .encoders import Encoders
 from .errors import InterfaceError, OperationalError, ProgrammingError
 from .progress import bar_factory
-from .result import Answer, Result
-from .snapshot import Snapshot
-from npmdb.query.operators import ExecState
-from npmdb.query.planner import plan_classify, plan_masked
-from npmdb.query.spec import ClassifySpec, MaskedSpec, check_options
+from .result import Result
+from .snapshot import Snapshot, history
+from npmdb.query.context import ExecContext
+from npmdb.query.executor import execute
+from npmdb.query.plan import Plan
+from npmdb.query.planner import SEARCH_COLUMNS, plan_classify, plan_masked, plan_search
+from npmdb.query.spec import ClassifySpec, DocFilter, MaskedSpec, check_options
 from npmdb.query.text import split_mask
 from npmdb.storage import codec as C
 from npmdb.storage import format as F
@@ -237,6 +239,27 @@ class Database:
                 snap.txn = None
                 del txn
 
+    @contextmanager
+    def _context(self, version: int | str | None = None, doc_filter: DocFilter | None = None
+                 ) -> Iterator[ExecContext]:
+        """What the query runner needs to read ``version``: its snapshot, the encoder of its
+        generation, the version history. A database without versions gives a context
+        without a snapshot (SHOW VERSIONS lists nothing; a query says the database is empty)."""
+        self._check_open()
+        _check_ref(version)
+        if version is None:
+            with self.env.read() as txn:
+                if V.get_meta(txn, self.env.dbs, "head") is None:
+                    versions = history(txn, self.env.dbs)
+                    yield ExecContext(None, self._encode_with(0), lambda: versions)
+                    return
+        with self.snapshot(version, doc_filter) as snap:
+            yield ExecContext(snap, self._encode_with(snap.generation),
+                              lambda: history(snap.txn, self.env.dbs), doc_filter)
+
+    def _encode_with(self, gen: int):
+        return lambda text, mode: self.encoder_for(gen).encode_query(text, mode)
+
     # -- queries -------------------------------------------------------------------------
 
     def fill_mask(self, query: str, *, top: int = 5, k: int = 1024, mode: str = "phrase",
@@ -257,8 +280,7 @@ class Database:
     def run_masked(self, spec: MaskedSpec, **plan_args: Any) -> Result:
         split_mask(spec.text)  # fail fast on a query without exactly one mask
         _check_text(spec.text, "the query")
-        plan = plan_masked(spec, **plan_args)
-        return self._execute(plan, spec)
+        return self._run(plan_masked(spec, **plan_args), spec)
 
     def classify(self, query: str, labels: Mapping[str, str | Iterable[str]], *,
                  tau: float = 5.0, k: int = 1024, mode: str = "phrase",
@@ -277,52 +299,33 @@ class Database:
         split_mask(spec.text)
         _check_text(spec.text, "the query")
         _check_text(spec.labels, "a label")
-        return self._execute(plan_classify(spec, **plan_args), spec)
+        return self._run(plan_classify(spec, **plan_args), spec)
 
-    def _execute(self, plan, spec) -> Result:
-        with self.snapshot(spec.version, spec.doc_filter) as snap:
-            if not snap.segments or snap.manifest.stats.get("docs", 0) == 0:
-                raise ProgrammingError("the database has no documents at this version: "
-                                       "add some with db.add(...)")
-            state = plan.run(ExecState(snap, spec.text))
-            answers = tuple(Answer(g.text, float(g.score), g.support, tuple(g.evidence),
-                                   g.n_tokens) for g in state.groups)
-            return Result(answers, query=spec.text, version=snap.manifest.id,
-                          generation=snap.generation, stats=tuple(plan.stats),
-                          plan=plan.explain(analyze=True), info=dict(state.info))
+    def _run(self, plan: Plan, spec: MaskedSpec | ClassifySpec) -> Result:
+        with self._context(spec.version, spec.doc_filter) as ctx:
+            return execute(plan, ctx)
 
     def sql(self, text: str, params: Any = None) -> Result:
         """Run one query-language statement (see ``query/GRAMMAR.md``); ``?`` and ``:name``
         parameters are bound from ``params`` (a sequence or a mapping), never spliced."""
-        from npmdb.query.sql import execute
+        from npmdb.query import sql
 
         self._check_open()
         _check_text(text, "the statement")
         _check_text(params, "a parameter")
-        return execute(self, text, params)
+        return sql.execute(text, params, self._context)
 
     def search(self, text: str, *, limit: int = 10, version: int | str | None = None
                ) -> list[dict[str, Any]]:
         """BM25 search over blocks: ``[{doc_id, title, block, score, snippet}]``."""
-        from npmdb.query.operators import BM25Blocks, snippet
-
         if not isinstance(text, str):
             raise ProgrammingError(f"search text must be a str, not {type(text).__name__}")
         _check_text(text, "the search text")
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
             raise ProgrammingError(f"limit must be a non-negative integer, got {limit!r}")
-        with self.snapshot(version) as snap:
-            st = ExecState(snap, text)
-            BM25Blocks(limit).run(st)
-            out = []
-            for si, block, score in st.blocks:
-                cols = snap.segments[si].columns()
-                doc = snap.doc(si, int(cols.block_doc[block]))
-                a = int(cols.offsets[cols.block_ptr[block], 0])
-                b = int(cols.offsets[cols.block_ptr[block + 1] - 1, 1])
-                out.append({"doc_id": doc.id, "title": doc.title, "block": block,
-                            "score": score, "snippet": snippet(doc.text, a, b, 0)[:300]})
-            return out
+        with self._context(version) as ctx:
+            res = execute(plan_search(text, limit), ctx)
+        return [dict(zip(SEARCH_COLUMNS, row)) for row in res.rows]
 
     # -- documents -----------------------------------------------------------------------
 
@@ -442,16 +445,7 @@ class Database:
         """Every version, oldest first: id, time, parent, tags, counts, generation."""
         self._check_open()
         with self.env.read() as txn:
-            tags = V.tags_of(txn, self.env.dbs)
-            head = V.get_meta(txn, self.env.dbs, "head")
-            out = []
-            for m in V.list_versions(txn, self.env.dbs):
-                out.append({"id": m.id, "time": m.time, "parent": m.parent,
-                            "tags": sorted(t for t, v in tags.items() if v == m.id),
-                            "docs": m.stats.get("docs", 0), "tokens": m.stats.get("tokens", 0),
-                            "segments": len(m.segments), "generation": m.generation,
-                            "head": m.id == head, "message": m.message})
-            return out
+            return history(txn, self.env.dbs)
 
     def tag(self, name: str, version: int | str | None = None) -> int:
         """Name a version (HEAD by default); returns its id."""

@@ -2,22 +2,38 @@
 
 Query operators read storage only through a snapshot: its segments, the tombstones and
 document filter (``allowed_docs``), its embedding generation and that generation's encoder.
+:func:`history` lists the versions (``db.versions()``, ``SHOW VERSIONS``) from a read
+transaction.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 from npmdb.storage.segments import SegmentReader, StoredDoc
+from npmdb.storage import versions as V
 from npmdb.storage.versions import Manifest
 
 if TYPE_CHECKING:  # pragma: no cover
     from .encoder import Encoder
     from npmdb.query.spec import DocFilter
 
-__all__ = ["Snapshot"]
+__all__ = ["Snapshot", "history"]
+
+
+def history(txn, dbs) -> list[dict[str, Any]]:
+    """Every version, oldest first: id, time, parent, tags, counts, generation, whether
+    it is HEAD, and its message."""
+    tags = V.tags_of(txn, dbs)
+    head = V.get_meta(txn, dbs, "head")
+    return [{"id": m.id, "time": m.time, "parent": m.parent,
+             "tags": sorted(t for t, v in tags.items() if v == m.id),
+             "docs": m.stats.get("docs", 0), "tokens": m.stats.get("tokens", 0),
+             "segments": len(m.segments), "generation": m.generation,
+             "head": m.id == head, "message": m.message}
+            for m in V.list_versions(txn, dbs)]
 
 
 class Snapshot:

@@ -3,11 +3,12 @@
 MASKED, TOKENS, EVIDENCE and CLASSIFY compile to a :class:`~npmdb.query.spec.MaskedSpec`
 or :class:`~npmdb.query.spec.ClassifySpec` plus the arguments of
 :func:`~npmdb.query.planner.plan_masked` / :func:`~npmdb.query.planner.plan_classify`
-(answer filter, order, and a tail of row operators ending in ``Project``), and run through
-``Database.run_masked`` / ``run_classify``: the same plans ``fill_mask`` and ``classify``
-build. SEARCH and DOCUMENTS compile to small operator chains (BM25Blocks → BlockRows,
-ScanDocuments) run over one snapshot. WHERE's document terms become a
-:class:`~npmdb.query.spec.DocFilter` that the snapshot applies during retrieval.
+(answer filter, order, and a tail of row operators ending in ``Project``): the same plans
+``fill_mask`` and ``classify`` build. SEARCH and DOCUMENTS compile to small operator
+chains (BM25Blocks → BlockRows, ScanDocuments). Every statement runs through the one
+executor (:func:`npmdb.query.executor.execute`) over a context the caller opens. WHERE's
+document terms become a :class:`~npmdb.query.spec.DocFilter` that the snapshot applies
+during retrieval.
 
 Expressions are compiled to closures over a row (a dict keyed by canonical column:
 ``phrase``, ``score``, ``doc.id``, ``doc.meta`` ...). SQL semantics: NULL propagates
@@ -29,7 +30,9 @@ from npmdb.errors import ProgrammingError
 from . import ast as A
 from . import logical as L
 from .lexer import error_at
-from .operators import BM25Blocks, ExecState, Operator
+from .context import OpenContext
+from .executor import execute
+from .operators import Answers, BM25Blocks, Operator
 from .plan import Plan
 from .planner import plan_classify, plan_masked
 from .printer import expr_to_sql
@@ -37,6 +40,7 @@ from .rows import (
     BlockRows, EvidenceRows, FilterRows, LimitRows, OrderRows, Project, ScanDocuments,
 )
 from .spec import ClassifySpec, DocFilter, MaskedSpec
+from .text import split_mask
 
 __all__ = ["Compiled", "compile_plan", "compile_expr", "like", "show", "format_explain"]
 
@@ -363,11 +367,11 @@ def _answer_row(g: Any) -> Row:
             "tokens": g.n_tokens, "length": len(g.text.split())}
 
 
-def _output_row(g: Any, st: ExecState, rank: int) -> Row:
+def _output_row(g: Any, snap: Any, rank: int) -> Row:
     row = _answer_row(g)
     ev = g.evidence[0] if g.evidence else None
     row.update({
-        "rank": rank, "version": st.snapshot.manifest.id, "generation": st.snapshot.generation,
+        "rank": rank, "version": snap.manifest.id, "generation": snap.generation,
         "evidence": [dataclasses.asdict(x) for x in g.evidence],
         "start": ev.start if ev else None, "end": ev.end if ev else None,
         "snippet": ev.snippet if ev else None,
@@ -416,29 +420,25 @@ class Compiled:
         if isinstance(self.spec, ClassifySpec):
             return plan_classify(self.spec, **self.plan_args)
         if self.rows_root is not None:
-            return Plan(self.rows_root, kind="rows")
+            return Plan(self.rows_root, kind="rows", query=self.query)
         return None
 
-    def run(self, db: Any) -> Any:
+    def run(self, open_context: OpenContext) -> Any:
+        """Run over the version the statement reads, in a context ``open_context`` opens."""
         from .result import Result
 
-        if isinstance(self.spec, MaskedSpec):
-            res = db.run_masked(self.spec, **self.plan_args)
-        elif isinstance(self.spec, ClassifySpec):
-            res = db.run_classify(self.spec, **self.plan_args)
-        elif self.rows_root is not None:
-            plan = self.physical()
-            with db.snapshot(self.version, self.doc_filter) as snap:
-                st = plan.run(ExecState(snap, self.query))
-                res = Result((), query=self.query, version=snap.manifest.id,
-                             generation=snap.generation, stats=tuple(plan.stats),
-                             plan=plan.explain(analyze=True), info=dict(st.info))
-        else:
-            with db.snapshot(self.version) as snap:
+        if self.spec is not None:
+            split_mask(self.spec.text)  # fail fast on a query without exactly one mask
+        plan = self.physical()
+        with open_context(self.version, self.doc_filter) as ctx:
+            if plan is None:  # LIMIT 0
+                snap = ctx.require()
                 return Result((), query=self.query, version=snap.manifest.id,
                               generation=snap.generation, columns=self.columns, rows=())
-        columns, rows = res.info.pop("projection", (self.columns, ()))
-        return dataclasses.replace(res, columns=columns, rows=rows)
+            res = execute(plan, ctx)
+        if res.columns is None:
+            return dataclasses.replace(res, columns=self.columns, rows=())
+        return res
 
 
 def compile_plan(plan: L.Node, text: str) -> Compiled:
@@ -483,7 +483,7 @@ def _stack(ops: list[Operator]) -> Operator:
 
 
 def _project(columns: tuple[str, ...], fns: list[Callable[[Row], Any]]) -> Project:
-    return Project(columns, lambda st: [tuple(f(r) for f in fns) for r in st.rows])
+    return Project(columns, lambda rows, _snap: [tuple(f(r) for f in fns) for r in rows.rows])
 
 
 def _compile_rows(plan, nodes, columns, fns, doc_filter, text) -> Compiled:
@@ -540,9 +540,9 @@ def _compile_answers(plan, nodes, columns, fns, doc_filter, text) -> Compiled:
         tail = [EvidenceRows(expand.per_answer, offset)] + _row_ops(nodes, text) + \
             [_project(columns, fns)]
     else:
-        def make(st: ExecState) -> list[tuple]:
+        def make(ans: Answers, snap: Any) -> list[tuple]:
             return [tuple(f(row) for f in fns) for row in
-                    (_output_row(g, st, offset + i + 1) for i, g in enumerate(st.groups))]
+                    (_output_row(g, snap, offset + i + 1) for i, g in enumerate(ans.groups))]
         tail = [Project(columns, make)]
     plan_args["tail"] = tuple(tail)
     return Compiled(plan, leaf.source, columns, spec=spec, plan_args=plan_args, query=leaf.query,
@@ -551,11 +551,11 @@ def _compile_answers(plan, nodes, columns, fns, doc_filter, text) -> Compiled:
 
 # ================================================================ SHOW and EXPLAIN
 
-def show(db: Any, what: str) -> Any:
-    """SHOW VERSIONS (one row per version, oldest first) / SHOW TAGS (tag, version)."""
+def show(versions: list[dict[str, Any]], what: str) -> Any:
+    """SHOW VERSIONS (one row per version, oldest first) / SHOW TAGS (tag, version), from
+    the version history (``ExecContext.history()``)."""
     from .result import Result
 
-    versions = db.versions()
     if what == "VERSIONS":
         columns = ("id", "time", "parent", "tags", "docs", "tokens", "segments", "generation",
                    "head", "message")

@@ -1,41 +1,36 @@
-"""Physical operators of a span-query plan.
+"""Physical operators of a span-query plan: the operator protocol, the execution state,
+typed outputs, and query encoding and candidate retrieval (dense ANN, exact scan, BM25).
 
 Every operator is a frozen dataclass of its parameters with ``run(state)``; the executor
-(:mod:`npmdb.query.plan`) runs a plan's operators bottom-up over one :class:`ExecState`
-and records rows and milliseconds per operator. Operators read storage only through the
-:class:`~npmdb.snapshot.Snapshot` in the state. Row-level operators (EVIDENCE, SEARCH,
-DOCUMENTS, projection) are in :mod:`npmdb.query.rows`.
+(:mod:`npmdb.query.executor`) runs a plan's operators bottom-up over one :class:`ExecState`
+and records rows and milliseconds per operator. An operator returns a typed, frozen
+:class:`Output` (kept by the executor for its parent, which reads it with
+``state.inputs(self, kind)``); nothing else passes between operators (``state.info``
+only collects notes for the Result). Operators read storage only through the snapshot in
+the state. Span assembly, scoring and answers are in :mod:`npmdb.query.answers`; row-level operators (EVIDENCE, SEARCH,
+DOCUMENTS, projection) in :mod:`npmdb.query.rows`.
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, TypeVar
 
 import numpy as np
 
-from npmdb.storage.bm25 import analyze
+from npmdb.storage.bm25 import analyze, global_idf
 from npmdb.storage.format import VALID_END, VALID_START
 
-from . import scoring as S
-from .text import MASK_PATTERN, fold, fold_view
+from .text import MASK_PATTERN
 
 __all__ = [
-    "ExecState", "Operator", "EncodeQuery", "DenseTopK", "ExactTopK", "BM25Blocks",
-    "BlockTokens", "AssembleSpans", "ScoreSpans", "ScoreTokens", "Aggregate", "ClassifyLabels",
-    "FilterAnswers", "OrderBy", "Limit", "AttachEvidence", "Group", "Occurrence", "snippet",
+    "ExecState", "Operator", "Output", "QueryVectors", "Candidates", "BlockHits", "Occurrences",
+    "Answers", "Rows", "Projection", "Group", "EncodeQuery",
+    "DenseTopK", "ExactTopK", "BM25Blocks", "BlockTokens", "per_segment",
 ]
 
 SIDE_FLAGS = {"start": VALID_START, "end": VALID_END, "token": VALID_START | VALID_END}
-
-
-@dataclass
-class Occurrence:
-    seg: int      # index into the snapshot's segments
-    start: int    # first token (position in the segment)
-    end: int      # last token (inclusive)
-    score: float
 
 
 @dataclass
@@ -50,7 +45,7 @@ class Group:
     score: float = 0.0
     n_tokens: int = 0
     idx: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    weights: np.ndarray | None = None  # per-occurrence scores when not st.score (classify)
+    weights: np.ndarray | None = None  # per-occurrence scores when not occ.score (classify)
     evidence: list = field(default_factory=list)
     extra: dict = field(default_factory=dict)
 
@@ -59,32 +54,168 @@ class Group:
         return int(len(self.idx))
 
 
+# -- typed outputs --------------------------------------------------------------------------
+
+
+class Output:
+    """What an operator hands its parent; ``count`` is the rows EXPLAIN ANALYZE reports."""
+
+    count: int
+
+
+@dataclass(frozen=True)
+class QueryVectors(Output):
+    """The query's vectors (``.start``/``.end`` in phrase mode, ``.token`` in token mode)."""
+
+    vectors: Any
+    count: int
+
+    def side(self, side: str) -> np.ndarray:
+        v = self.vectors
+        return {"start": v.start, "end": v.end, "token": v.token}[side]
+
+
+@dataclass(frozen=True)
+class Candidates(Output):
+    """Candidate positions per side ('start' | 'end' | 'token') and segment index, and the
+    query vectors they were retrieved for (None where none were needed: BM25 blocks)."""
+
+    by_side: Mapping[str, Mapping[int, np.ndarray]]
+    count: int
+    qv: Any = None
+
+    @staticmethod
+    def union(found: list["Candidates"], side: str) -> dict[int, np.ndarray]:
+        """Per segment, the union of every ``found`` set's ``side`` positions (one set's
+        positions as they are)."""
+        merged: dict[int, np.ndarray] = {}
+        for c in found:
+            for si, p in c.by_side.get(side, {}).items():
+                prev = merged.get(si)
+                merged[si] = p if prev is None else np.union1d(prev, p)
+        return merged
+
+    @staticmethod
+    def query_vectors(found: list["Candidates"]) -> Any:
+        return next((c.qv for c in found if c.qv is not None), None)
+
+
+@dataclass(frozen=True)
+class BlockHits(Output):
+    """Retrieved blocks, best first: (segment index, block, BM25 score)."""
+
+    hits: tuple[tuple[int, int, float], ...]
+
+    @property
+    def count(self) -> int:  # type: ignore[override]
+        return len(self.hits)
+
+
+def _empty(dtype: Any = np.float64) -> np.ndarray:
+    return np.zeros(0, dtype)
+
+
+@dataclass(frozen=True)
+class Occurrences(Output):
+    """Spans (phrase mode) or tokens (token mode, ``e == s``) as parallel arrays over all
+    segments: segment index, first and last token; once scored, the exact similarities
+    (``sim_e`` in phrase mode only) and each occurrence's score."""
+
+    seg: np.ndarray
+    s: np.ndarray
+    e: np.ndarray
+    qv: Any = None
+    sim_s: np.ndarray = field(default_factory=_empty)
+    sim_e: np.ndarray = field(default_factory=_empty)
+    score: np.ndarray = field(default_factory=_empty)
+
+    @property
+    def count(self) -> int:  # type: ignore[override]
+        return int(len(self.s))
+
+
+@dataclass(frozen=True)
+class Answers(Output):
+    """Answers (or labels), in their current order; each group's ``idx`` indexes ``occ``."""
+
+    groups: list[Group]
+    occ: Occurrences
+    count: int
+
+
+@dataclass(frozen=True)
+class Rows(Output):
+    """Row-level results (EVIDENCE, SEARCH, DOCUMENTS): one dict per row, keyed by column."""
+
+    rows: list[dict]
+
+    @property
+    def count(self) -> int:  # type: ignore[override]
+        return len(self.rows)
+
+
+@dataclass(frozen=True)
+class Projection(Output):
+    """The statement's output: column names and one tuple per row."""
+
+    columns: tuple[str, ...]
+    rows: tuple[tuple, ...]
+
+    @property
+    def count(self) -> int:  # type: ignore[override]
+        return len(self.rows)
+
+
+O = TypeVar("O", bound=Output)
+
+
 @dataclass
 class ExecState:
+    """One run of a plan: the snapshot it reads, the query, the typed outputs of the
+    operators run so far (by operator), and ``info`` notes for the Result."""
+
     snapshot: Any
     text: str
-    qv: Any = None
-    # candidates per segment index: positions (int64) and approximate scores
-    cands: dict[str, dict[int, np.ndarray]] = field(
-        default_factory=lambda: {"start": {}, "end": {}, "token": {}})
-    blocks: list[tuple[int, int, float]] = field(default_factory=list)
-    # spans (phrase mode) or tokens (token mode): parallel arrays over all segments
-    seg: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    s: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    e: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    sim_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    sim_e: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    score: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    groups: list[Group] = field(default_factory=list)
+    encode: Callable[[str, str], Any] | None = None  # None: the snapshot's encoder
+    outputs: dict[int, Output] = field(default_factory=dict)  # by id(operator)
     info: dict = field(default_factory=dict)
-    # row-level operators (EVIDENCE, SEARCH, DOCUMENTS): one dict per row, keyed by column
-    rows: list[dict] = field(default_factory=list)
+    root: "Operator | None" = None  # the plan's root, once run
     # what an operator's serial ``prepare`` computed for its (concurrent) ``run``
     prepared: dict[int, Any] = field(default_factory=dict)
 
+    def inputs(self, op: "Operator", kind: type[O]) -> list[O]:
+        """The outputs of ``op``'s children that are ``kind``s, in child order."""
+        found = (self.outputs.get(id(c)) for c in op.children)
+        return [o for o in found if isinstance(o, kind)]
+
+    def input(self, op: "Operator", kind: type[O]) -> O:
+        """The one ``kind`` output of ``op``'s children."""
+        found = self.inputs(op, kind)
+        if len(found) != 1:
+            raise RuntimeError(f"{op.name} expects one {kind.__name__} input, got {len(found)}")
+        return found[0]
+
+    def nearest(self, kind: type[O]) -> O | None:
+        """The output of the highest operator on the root's first-child chain that is a
+        ``kind`` (the answers a plan ends with, under its row operators)."""
+        op = self.root
+        while op is not None:
+            out = self.outputs.get(id(op))
+            if isinstance(out, kind):
+                return out
+            op = op.children[0] if op.children else None
+        return None
+
+    @property
+    def groups(self) -> list[Group]:
+        """The answers the plan produced (empty for a plan of rows only)."""
+        found = self.nearest(Answers)
+        return found.groups if found is not None else []
+
 
 class Operator:
-    """Base: ``name``, ``children``, ``detail()`` for EXPLAIN, ``run(state) -> rows``.
+    """Base: ``name``, ``children``, ``detail()`` for EXPLAIN, ``run(state)`` -> its
+    :class:`Output`.
 
     ``concurrent`` operators may run at the same time as concurrent siblings (the executor
     runs their ``prepare`` first, one at a time: everything that reads through the
@@ -104,7 +235,7 @@ class Operator:
     def detail(self) -> str:
         return ""
 
-    def run(self, st: ExecState) -> int:  # pragma: no cover - abstract
+    def run(self, st: ExecState) -> Output:  # pragma: no cover - abstract
         raise NotImplementedError
 
 
@@ -143,24 +274,22 @@ class EncodeQuery(Operator):
     def detail(self) -> str:
         return _fmt(mode=self.mode)
 
-    def run(self, st: ExecState) -> int:
-        st.qv = st.snapshot.encoder().encode_query(st.text, self.mode)
-        return 2 if self.mode == "phrase" else 1
-
-
-def _query_vector(st: ExecState, side: str) -> np.ndarray:
-    qv = st.qv
-    return {"start": qv.start, "end": qv.end, "token": qv.token}[side]
+    def run(self, st: ExecState) -> QueryVectors:
+        if st.encode is not None:
+            qv = st.encode(st.text, self.mode)
+        else:
+            qv = st.snapshot.encoder().encode_query(st.text, self.mode)
+        return QueryVectors(qv, 2 if self.mode == "phrase" else 1)
 
 
 # -- candidate retrieval ------------------------------------------------------------------
 
 
-def _merge_topk(st: ExecState, side: str, found: list[tuple[int, np.ndarray, np.ndarray]],
-                k: int) -> int:
-    """Keep the global top ``k`` over all segments; store per segment (union with existing)."""
+def _merge_topk(side: str, found: list[tuple[int, np.ndarray, np.ndarray]],
+                k: int, qv: QueryVectors) -> Candidates:
+    """Keep the global top ``k`` over all segments, per segment."""
     if not found:
-        return 0
+        return Candidates({side: {}}, 0, qv.vectors)
     segs = np.concatenate([np.full(len(p), si, np.int64) for si, p, _ in found])
     pos = np.concatenate([p for _, p, _ in found])
     sc = np.concatenate([s for _, _, s in found])
@@ -171,11 +300,8 @@ def _merge_topk(st: ExecState, side: str, found: list[tuple[int, np.ndarray, np.
     if len(sc) > k:
         keep = np.argpartition(-sc, k - 1)[:k]
         segs, pos = segs[keep], pos[keep]
-    for si in np.unique(segs):
-        p = pos[segs == si]
-        prev = st.cands[side].get(int(si))
-        st.cands[side][int(si)] = p if prev is None else np.union1d(prev, p)
-    return int(len(pos))
+    return Candidates({side: {int(si): pos[segs == si] for si in np.unique(segs)}},
+                      int(len(pos)), qv.vectors)
 
 
 @dataclass(frozen=True)
@@ -202,9 +328,10 @@ class DenseTopK(Operator):
                 seg.columns(snap.txn)
         st.prepared[id(self)] = allowed
 
-    def run(self, st: ExecState) -> int:
+    def run(self, st: ExecState) -> Candidates:
         snap = st.snapshot
-        q = _query_vector(st, self.side)
+        qv = st.input(self, QueryVectors)
+        q = qv.side(self.side)
         sides = ("start", "end") if self.side == "token" else (self.side,)
         if id(self) not in st.prepared:
             self.prepare(st)
@@ -228,7 +355,7 @@ class DenseTopK(Operator):
             return out
 
         found = [f for part in per_segment(one, len(snap.segments)) for f in part]
-        return _merge_topk(st, self.side, found, self.k)
+        return _merge_topk(self.side, found, self.k, qv)
 
 
 @dataclass(frozen=True)
@@ -244,9 +371,10 @@ class ExactTopK(Operator):
         return _fmt(side=self.side, k=self.k, index="exact scan") + (
             f", docs: {self.docs} (masked)" if self.docs else "")
 
-    def run(self, st: ExecState) -> int:
+    def run(self, st: ExecState) -> Candidates:
         snap = st.snapshot
-        q = _query_vector(st, self.side)
+        qv = st.input(self, QueryVectors)
+        q = qv.side(self.side)
         found = []
         for si, seg in enumerate(snap.segments):
             cols = seg.columns(snap.txn)
@@ -256,7 +384,7 @@ class ExactTopK(Operator):
                 mask &= allowed[cols.doc_of(np.arange(cols.n_tokens))]
             pos, sc = seg.scan(snap.txn, snap.generation, q, mask, self.k)
             found.append((si, pos, sc))
-        return _merge_topk(st, self.side, found, self.k)
+        return _merge_topk(self.side, found, self.k, qv)
 
 
 @dataclass(frozen=True)
@@ -270,9 +398,7 @@ class BM25Blocks(Operator):
     def detail(self) -> str:
         return _fmt(blocks=self.n) + (f", docs: {self.docs}" if self.docs else "")
 
-    def run(self, st: ExecState) -> int:
-        from npmdb.storage.bm25 import global_idf
-
+    def run(self, st: ExecState) -> BlockHits:
         snap = st.snapshot
         terms = list(dict.fromkeys(analyze(MASK_PATTERN.sub(" ", st.text))))
         # one segment: tantivy's own statistics; several: global IDFs, as one big index
@@ -291,8 +417,7 @@ class BM25Blocks(Operator):
 
         hits = [h for part in per_segment(one, len(snap.segments)) for h in part]
         hits.sort(key=lambda h: (-h[2], h[0], h[1]))
-        st.blocks = hits[: self.n]
-        return len(st.blocks)
+        return BlockHits(tuple(hits[: self.n]))
 
 
 @dataclass(frozen=True)
@@ -305,423 +430,18 @@ class BlockTokens(Operator):
     def detail(self) -> str:
         return _fmt(mode=self.mode)
 
-    def run(self, st: ExecState) -> int:
+    def run(self, st: ExecState) -> Candidates:
         n = 0
-        for si, block, _ in st.blocks:
-            cols = st.snapshot.segments[si].columns()
-            pos = np.arange(cols.block_ptr[block], cols.block_ptr[block + 1], dtype=np.int64)
-            sides = ("token",) if self.mode == "token" else ("start", "end")
-            for side in sides:
-                sel = pos[(cols.flags[pos] & SIDE_FLAGS[side]) != 0]
-                prev = st.cands[side].get(si)
-                st.cands[side][si] = sel if prev is None else np.union1d(prev, sel)
-            n += len(pos)
-        return n
-
-
-# -- phrase assembly and scoring ------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class AssembleSpans(Operator):
-    max_len: int
-    clean_edges: bool = True
-    no_stopwords: bool = False
-    children: tuple = ()
-
-    def detail(self) -> str:
-        return _fmt(max_len=self.max_len, clean_edges=self.clean_edges,
-                    no_stopwords=self.no_stopwords)
-
-    def run(self, st: ExecState) -> int:
-        segs, ss, es = [], [], []
-        for si in sorted(set(st.cands["start"]) | set(st.cands["end"])):
-            cols = st.snapshot.segments[si].columns()
-            starts = st.cands["start"].get(si, np.zeros(0, np.int64))
-            ends = st.cands["end"].get(si, np.zeros(0, np.int64))
-            both = np.concatenate([starts, ends]).astype(np.int64)
-            spans = S.assemble_spans(starts, ends, cols.flags, cols.block_start(both),
-                                     cols.block_end(both), max_len=self.max_len,
-                                     clean_edges=self.clean_edges, no_stopwords=self.no_stopwords)
-            segs.append(np.full(len(spans), si, np.int64))
-            ss.append(spans[:, 0])
-            es.append(spans[:, 1])
-        if segs:
-            st.seg, st.s, st.e = np.concatenate(segs), np.concatenate(ss), np.concatenate(es)
-        return int(len(st.s))
-
-
-def _exact_sims(st: ExecState, seg: np.ndarray, pos: list[np.ndarray], qs: list[np.ndarray]
-                ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Exact ``sim(q, E(c))`` of the candidates ``pos[i]`` (positions in segments ``seg``)
-    for query vector ``qs[i]``: per i, (inverse ids into the unique candidates, their sims).
-
-    Every stored vector needed is read once (one gather over the union of the sets, one
-    read of each chunk touched). The mat-vec uses ``einsum``, not ``@``: a multi-threaded
-    BLAS call leaves its threads spinning and slows the next torch call on a busy machine
-    (measured ~50x here).
-    """
-    snap = st.snapshot
-    scale = 1.0 / np.sqrt(len(qs[0]))
-    qs = [np.asarray(q, np.float32) for q in qs]
-
-    def matvecs(vecs: np.ndarray) -> np.ndarray:  # one einsum per query vector: a 2-column
-        return np.stack([np.einsum("ij,j->i", vecs, q) for q in qs], axis=1)  # einsum is slow
-
-    one = len(snap.segments) == 1
-    uniqs, invs = [], []
-    for p in pos:
-        u, inv = np.unique(p if one else seg * (1 << 40) + p, return_inverse=True)
-        uniqs.append(u)
-        invs.append(inv)
-    union, where = np.unique(np.concatenate(uniqs), return_inverse=True)
-    if one:
-        sims = matvecs(snap.segments[0].vectors(snap.txn, snap.generation, union))
-    else:
-        sims = np.empty((len(union), len(qs)), dtype=np.float32)
-        useg, upos = union >> 40, union & ((1 << 40) - 1)
-        for si in np.unique(useg):
-            m = useg == si
-            vecs = snap.segments[int(si)].vectors(snap.txn, snap.generation, upos[m])
-            sims[m] = matvecs(vecs)
-    out, lo = [], 0
-    for i, u in enumerate(uniqs):
-        out.append((invs[i], sims[where[lo:lo + len(u)], i].astype(np.float64) * scale))
-        lo += len(u)
-    return out
-
-
-@dataclass(frozen=True)
-class ScoreSpans(Operator):
-    """Exact similarities for every start in S and end in E, then NPM's span score."""
-
-    tau: float
-    scoring: str = "npm"
-    children: tuple = ()
-
-    def detail(self) -> str:
-        return _fmt(tau=self.tau, scoring=self.scoring)
-
-    def run(self, st: ExecState) -> int:
-        (inv_s, sims_s), (inv_e, sims_e) = _exact_sims(st, st.seg, [st.s, st.e],
-                                                       [st.qv.start, st.qv.end])
-        st.sim_s, st.sim_e = sims_s[inv_s], sims_e[inv_e]
-        st.score, _, _ = S.span_scores(inv_s, inv_e, sims_s, sims_e, tau=self.tau,
-                                       scoring=self.scoring)
-        st.info["unique_starts"], st.info["unique_ends"] = len(sims_s), len(sims_e)
-        return int(len(st.score))
-
-
-@dataclass(frozen=True)
-class ScoreTokens(Operator):
-    """Token mode: exact ``sim(q, c)`` for every candidate token, softmax over them."""
-
-    tau: float
-    children: tuple = ()
-
-    def detail(self) -> str:
-        return _fmt(tau=self.tau)
-
-    def run(self, st: ExecState) -> int:
-        segs, poss = [], []
-        for si, p in sorted(st.cands["token"].items()):
-            segs.append(np.full(len(p), si, np.int64))
-            poss.append(p)
-        if not segs:
-            return 0
-        st.seg, st.s = np.concatenate(segs), np.concatenate(poss)
-        st.e = st.s.copy()
-        ((inv, sims),) = _exact_sims(st, st.seg, [st.s], [st.qv.token])
-        st.sim_s = sims[inv]
-        st.score = S.softmax(st.sim_s, self.tau)
-        return int(len(st.score))
-
-
-# -- aggregation ----------------------------------------------------------------------------
-
-
-def surface(st: ExecState, si: int, s: int, e: int) -> tuple[str, Any]:
-    """The occurrence's text sliced from its document, and the document."""
-    snap = st.snapshot
-    seg = snap.segments[si]
-    cols = seg.columns()
-    doc = seg.doc(snap.txn, int(cols.block_doc[cols.block_of[s]]))
-    return doc.text[cols.offsets[s, 0]:cols.offsets[e, 1]], doc
-
-
-class Surfaces:
-    """The surface texts of many occurrences, computed on demand: ``keys()`` gives every
-    occurrence's folded text (the grouping key) and ``text(i)`` one occurrence's text."""
-
-    def __init__(self, st: ExecState, seg: np.ndarray, s: np.ndarray, e: np.ndarray) -> None:
-        self.n = len(s)
-        self.docs = np.zeros(self.n, dtype=np.int64)
-        self._parts = []  # (rows, doc numbers, starts, ends, {doc: (text, folded)})
-        snap = st.snapshot
-        for si in np.unique(seg):
-            rows = np.flatnonzero(seg == si)
-            reader = snap.segments[int(si)]
-            cols = reader.columns()
-            ss, ee = s[rows], e[rows]
-            dl = cols.block_doc[cols.block_of[ss]]
-            self.docs[rows] = dl
-            texts = {int(d): reader.doc_view(snap.txn, int(d), fold_view) for d in np.unique(dl)}
-            self._parts.append((rows, dl, cols.offsets[ss, 0], cols.offsets[ee, 1], texts))
-        self._where: np.ndarray | None = None
-
-    def keys(self) -> list[str]:
-        """``fold(text)`` of every occurrence: a slice of the document's folded text."""
-        out: list[str] = [""] * self.n
-        for rows, dl, a, b, texts in self._parts:
-            views = [texts[d] for d in dl.tolist()]
-            keys = [f[x:y] if f is not None else fold(t[x:y])
-                    for (t, f), x, y in zip(views, a.tolist(), b.tolist())]
-            if len(self._parts) == 1:
-                return keys
-            for r, k in zip(rows.tolist(), keys):
-                out[r] = k
-        return out
-
-    def text(self, i: int) -> str:
-        if self._where is None:  # occurrence -> (part, row within the part)
-            self._where = np.zeros((self.n, 2), dtype=np.int64)
-            for p, (rows, *_rest) in enumerate(self._parts):
-                self._where[rows, 0] = p
-                self._where[rows, 1] = np.arange(len(rows))
-        p, j = self._where[i]
-        _rows, dl, a, b, texts = self._parts[p]
-        return texts[int(dl[j])][0][int(a[j]):int(b[j])]
-
-
-def _word_bounds(cols, s: int, e: int) -> tuple[int, int]:
-    from npmdb.storage.format import WORD_END, WORD_START
-
-    lo = int(cols.block_ptr[cols.block_of[s]])
-    hi = int(cols.block_ptr[cols.block_of[e] + 1]) - 1
-    while s > lo and not cols.flags[s] & WORD_START:
-        s -= 1
-    while e < hi and not cols.flags[e] & WORD_END:
-        e += 1
-    return s, e
-
-
-def _make_groups(keys: list, text_of: Callable[[int], str], scores: np.ndarray,
-                 n_tokens: np.ndarray, *, alpha: float = 0.0, top_n: int = 0) -> list[Group]:
-    """Answers from occurrences: per group the summed score (times ``n_tokens ** alpha``),
-    the surface text of its best occurrence, and its members. With ``top_n``, only the
-    ``top_n`` best groups are built (in first-seen order, as a stable sort expects)."""
-    gid, distinct = S.group_keys(keys)
-    if not distinct:
-        return []
-    sums = np.bincount(gid, weights=scores, minlength=len(distinct))
-    nt = n_tokens.tolist()
-    if not alpha and top_n and top_n <= 32 and top_n < len(distinct):
-        # the common ORDER BY score LIMIT n: rank groups by their sums, then find the
-        # members and best occurrence of the n kept ones only
-        idx = np.arange(len(distinct))
-        keep = np.sort(np.lexsort((idx, -sums))[:top_n])
-        groups = []
-        for g in keep.tolist():
-            members = np.flatnonzero(gid == g)
-            best = int(members[np.argmax(scores[members])])  # ties: first seen
-            groups.append(Group(distinct[g], text_of(best), float(sums[g]), nt[best], members))
-        return groups
-    by_score = np.lexsort((-scores, gid))          # per group, best first (ties: first seen)
-    order = np.argsort(gid, kind="stable")         # per group, in occurrence order
-    cuts = np.flatnonzero(np.diff(gid[order])) + 1
-    lo = np.concatenate([[0], cuts])
-    hi = np.concatenate([cuts, [len(order)]])
-    best = by_score[lo]
-    final = sums * (n_tokens[best].astype(np.float64) ** alpha) if alpha else sums
-    keep = np.arange(len(distinct))
-    if top_n and top_n < len(distinct):
-        keep = np.sort(np.lexsort((keep, -final))[:top_n])
-    lo_l, hi_l, best_l, fin_l = lo.tolist(), hi.tolist(), best.tolist(), final.tolist()
-    return [Group(distinct[g], text_of(best_l[g]), fin_l[g], nt[best_l[g]],
-                  order[lo_l[g]:hi_l[g]]) for g in keep.tolist()]
-
-
-@dataclass(frozen=True)
-class Aggregate(Operator):
-    """Group occurrences into answers; answer score = sum of scores * n_tokens ** alpha."""
-
-    group_by: str = "phrase"
-    alpha: float = 0.0
-    children: tuple = ()
-    top_n: int = 0  # > 0: build only the best top_n answers (planner: ORDER BY score LIMIT)
-
-    def detail(self) -> str:
-        return _fmt(group_by=self.group_by, alpha=self.alpha) + (
-            f", top_n={self.top_n}" if self.top_n else "")
-
-    def run(self, st: ExecState) -> int:
-        if self.group_by == "word":
-            for i in range(len(st.s)):
-                cols = st.snapshot.segments[int(st.seg[i])].columns()
-                st.s[i], st.e[i] = _word_bounds(cols, int(st.s[i]), int(st.e[i]))
-        sf = Surfaces(st, st.seg, st.s, st.e)
-        docs = sf.docs
-        n_tokens = st.e - st.s + 1
-        if self.group_by in ("phrase", "word"):
-            keys = sf.keys()
-        elif self.group_by == "tokens":
-            keys = []
-            for si, s, e in zip(st.seg.tolist(), st.s.tolist(), st.e.tolist()):
-                keys.append(tuple(st.snapshot.segments[si].columns().tokens[s:e + 1].tolist()))
-        else:  # document
-            keys = list(zip(st.seg.tolist(), docs.tolist()))
-        groups = _make_groups(keys, sf.text, np.asarray(st.score, np.float64), n_tokens,
-                              alpha=self.alpha, top_n=self.top_n)
-        if self.group_by == "document":
-            for g in groups:
-                si, local = g.key
-                g.text = st.snapshot.doc(si, local).id
-        st.groups = groups
-        st.info["answers"] = len(set(keys))
-        return st.info["answers"]
-
-
-@dataclass(frozen=True)
-class ClassifyLabels(Operator):
-    """score(label) = sum over candidates whose text is a label word of
-    exp(sim_s/tau + sim_e/tau) (phrase) or exp(sim/tau) (token)."""
-
-    labels: tuple[tuple[str, tuple[str, ...]], ...]
-    tau: float
-    mode: str = "phrase"
-    children: tuple = ()
-
-    def detail(self) -> str:
-        return _fmt(labels="{" + ", ".join(f"{l}: {list(w)}" for l, w in self.labels) + "}",
-                    tau=self.tau)
-
-    def run(self, st: ExecState) -> int:
-        word_to_labels: dict[str, list[str]] = {}
-        for label, words in self.labels:
-            for w in words:
-                word_to_labels.setdefault(fold(w), []).append(label)
-        logits = S.label_logits(st.sim_s, st.sim_e if self.mode == "phrase" else None, self.tau)
-        keys = Surfaces(st, st.seg, st.s, st.e).keys()
-        members: dict[str, list[int]] = {l: [] for l, _ in self.labels}
-        for i, t in enumerate(keys):
-            for label in word_to_labels.get(t, ()):
-                members[label].append(i)
-        groups = []
-        for label, _ in self.labels:
-            idx = np.asarray(members[label], dtype=np.int64)
-            if len(idx):
-                z = logits[idx]
-                m = z.max()
-                log_score = float(m + np.log(np.exp(z - m).sum()))
-                score = float(np.exp(log_score)) if log_score < 700 else float("inf")
-            else:
-                log_score, score = float("-inf"), 0.0
-            g = Group(label, label, score=score, idx=idx,
-                      weights=np.exp(np.minimum(logits, 700.0)) if len(idx) else None)
-            g.extra["log_score"] = log_score
-            groups.append(g)
-        st.groups = groups
-        return len(groups)
-
-
-# -- relational tail ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class FilterAnswers(Operator):
-    describe: str
-    predicate: Callable[[Group], bool] = field(compare=False, repr=False)
-    children: tuple = ()
-
-    def detail(self) -> str:
-        return self.describe
-
-    def run(self, st: ExecState) -> int:
-        st.groups = [g for g in st.groups if self.predicate(g)]
-        return len(st.groups)
-
-
-@dataclass(frozen=True)
-class OrderBy(Operator):
-    keys: tuple[tuple[str, bool], ...] = (("score", True),)  # (column, descending)
-    children: tuple = ()
-
-    def detail(self) -> str:
-        return ", ".join(f"{k} {'DESC' if d else 'ASC'}" for k, d in self.keys)
-
-    def run(self, st: ExecState) -> int:
-        for col, desc in reversed(self.keys):
-            st.groups.sort(key=lambda g: _sort_value(g, col), reverse=desc)
-        return len(st.groups)
-
-
-def _sort_value(g: Group, col: str):
-    if col == "score":
-        return g.score
-    if col == "support":
-        return g.support
-    if col in ("phrase", "label", "text"):
-        return fold(g.text)
-    if col in ("length", "tokens"):
-        return g.n_tokens
-    if col == "words":  # SQL's length(phrase): number of words
-        return len(g.text.split())
-    return g.extra.get(col, 0)
-
-
-@dataclass(frozen=True)
-class Limit(Operator):
-    n: int
-    offset: int = 0
-    children: tuple = ()
-
-    def detail(self) -> str:
-        return _fmt(limit=self.n, offset=self.offset) if self.n else _fmt(offset=self.offset)
-
-    def run(self, st: ExecState) -> int:
-        end = self.offset + self.n if self.n else None
-        st.groups = st.groups[self.offset:end]
-        return len(st.groups)
-
-
-@dataclass(frozen=True)
-class AttachEvidence(Operator):
-    """For each answer: its best ``n`` occurrences as (doc id, title, offsets, snippet)."""
-
-    n: int
-    children: tuple = ()
-
-    def detail(self) -> str:
-        return _fmt(per_answer=self.n)
-
-    def run(self, st: ExecState) -> int:
-        from .result import Evidence
-
-        count = 0
-        for g in st.groups:
-            w = g.weights if g.weights is not None else st.score
-            idx = g.idx[np.argsort(-np.asarray(w)[g.idx], kind="stable")][: self.n]
-            g.evidence = []
-            for i in idx.tolist():
-                si, s, e = int(st.seg[i]), int(st.s[i]), int(st.e[i])
+        sides = ("token",) if self.mode == "token" else ("start", "end")
+        found: dict[str, dict[int, np.ndarray]] = {side: {} for side in sides}
+        for hits in st.inputs(self, BlockHits):
+            for si, block, _ in hits.hits:
                 cols = st.snapshot.segments[si].columns()
-                _, doc = surface(st, si, s, e)
-                a, b = int(cols.offsets[s, 0]), int(cols.offsets[e, 1])
-                g.evidence.append(Evidence(doc.id, doc.title, "text", a, b, snippet(doc.text, a, b),
-                                           float(w[i])))
-                count += 1
-        return count
-
-
-def snippet(text: str, a: int, b: int, width: int = 80) -> str:
-    """Context around ``text[a:b]``, cut at white space, with the occurrence in ⟦ ⟧-free form."""
-    lo = max(0, a - width)
-    hi = min(len(text), b + width)
-    if lo > 0:
-        sp = text.find(" ", lo, a)
-        lo = sp + 1 if sp != -1 else lo
-    if hi < len(text):
-        sp = text.rfind(" ", b, hi)
-        hi = sp if sp != -1 else hi
-    out = text[lo:hi].replace("\n", " ")
-    return ("…" if lo > 0 else "") + out + ("…" if hi < len(text) else "")
+                pos = np.arange(cols.block_ptr[block], cols.block_ptr[block + 1], dtype=np.int64)
+                for side in sides:
+                    sel = pos[(cols.flags[pos] & SIDE_FLAGS[side]) != 0]
+                    prev = found[side].get(si)
+                    found[side][si] = sel if prev is None else np.union1d(prev, sel)
+                n += len(pos)
+        qv = st.inputs(self, QueryVectors)
+        return Candidates(found, n, qv[0].vectors if qv else None)

@@ -3,6 +3,8 @@
     [tail: EvidenceRows, Project ...] → [AttachEvidence] → Limit → OrderBy → [FilterAnswers]
       → Aggregate|ClassifyLabels → ScoreSpans|ScoreTokens → AssembleSpans
       → retrieval (DenseTopK×2 | ExactTopK×2 | BM25Blocks→BlockTokens) → EncodeQuery
+
+and ``search``'s Project → BlockRows → BM25Blocks (SQL's SEARCH source without WHERE).
 """
 
 from __future__ import annotations
@@ -10,15 +12,19 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable, Sequence
 
-from .operators import (
-    Aggregate, AssembleSpans, AttachEvidence, BlockTokens, BM25Blocks, ClassifyLabels,
-    DenseTopK, EncodeQuery, ExactTopK, FilterAnswers, Limit, Operator, OrderBy, ScoreSpans,
-    ScoreTokens,
+from .answers import (
+    Aggregate, AssembleSpans, AttachEvidence, ClassifyLabels, FilterAnswers, Limit, OrderBy,
+    ScoreSpans, ScoreTokens,
 )
+from .operators import BlockTokens, BM25Blocks, DenseTopK, EncodeQuery, ExactTopK, Operator
 from .plan import Plan
+from .rows import BlockRows, Project
 from .spec import ClassifySpec, MaskedSpec
 
-__all__ = ["plan_masked", "plan_classify"]
+__all__ = ["plan_masked", "plan_classify", "plan_search", "SEARCH_COLUMNS"]
+
+#: ``Database.search``'s keys, in order.
+SEARCH_COLUMNS = ("doc_id", "title", "block", "score", "snippet")
 
 
 def _retrieval(spec, sides: tuple[str, ...]) -> Operator:
@@ -68,7 +74,7 @@ def plan_masked(spec: MaskedSpec, *, answer_filter: tuple[str, Callable] | None 
     op = Limit(spec.top, spec.offset, children=(op,))
     if spec.evidence:
         op = AttachEvidence(spec.evidence, children=(op,))
-    return Plan(_wrap(op, tail), kind="masked")
+    return Plan(_wrap(op, tail), kind="masked", query=spec.text)
 
 
 def plan_classify(spec: ClassifySpec, *, answer_filter: tuple[str, Callable] | None = None,
@@ -82,4 +88,16 @@ def plan_classify(spec: ClassifySpec, *, answer_filter: tuple[str, Callable] | N
         op = Limit(spec.top, spec.offset, children=(op,))
     if spec.evidence:
         op = AttachEvidence(spec.evidence, children=(op,))
-    return Plan(_wrap(op, tail), kind="classify")
+    return Plan(_wrap(op, tail), kind="classify", query=spec.text)
+
+
+def _search_row(r: dict) -> tuple:
+    return (r["doc.id"], r["doc.title"], r["block"], r["score"], r["snippet"])
+
+
+def plan_search(text: str, limit: int) -> Plan:
+    """``Database.search``: the top ``limit`` blocks by BM25, one row each
+    (:data:`SEARCH_COLUMNS`), as SQL's SEARCH source runs them."""
+    rows = BlockRows(children=(BM25Blocks(limit),))
+    return Plan(Project(SEARCH_COLUMNS, lambda rows, _snap: [_search_row(r) for r in rows.rows],
+                        children=(rows,)), kind="rows", query=text)

@@ -2,17 +2,21 @@
 order and limit, and the projection that every statement ends with.
 
 They share :class:`~npmdb.query.operators.ExecState` and the executor with the span
-operators (:mod:`npmdb.query.operators`); a row is a dict keyed by canonical column.
+operators (:mod:`npmdb.query.operators`, :mod:`npmdb.query.answers`); a row is a dict
+keyed by canonical column.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
-from .operators import ExecState, Operator, _fmt, snippet, surface
+from npmdb.errors import ProgrammingError
+
+from .answers import snippet, surface
+from .operators import Answers, BlockHits, ExecState, Operator, Projection, Rows, _fmt
 
 __all__ = ["EvidenceRows", "BlockRows", "ScanDocuments", "FilterRows", "OrderRows", "LimitRows",
            "Project"]
@@ -37,18 +41,20 @@ class EvidenceRows(Operator):
     def detail(self) -> str:
         return _fmt(per_answer=self.per_answer or "all")
 
-    def run(self, st: ExecState) -> int:
+    def run(self, st: ExecState) -> Rows:
         snap = st.snapshot
+        ans = st.input(self, Answers)
+        occ = ans.occ
         rows: list[dict] = []
-        for rank, g in enumerate(st.groups, start=self.offset + 1):
-            w = np.asarray(g.weights if g.weights is not None else st.score)
+        for rank, g in enumerate(ans.groups, start=self.offset + 1):
+            w = np.asarray(g.weights if g.weights is not None else occ.score)
             idx = g.idx[np.argsort(-w[g.idx], kind="stable")]
             if self.per_answer:
                 idx = idx[: self.per_answer]
             for i in idx.tolist():
-                si, s, e = int(st.seg[i]), int(st.s[i]), int(st.e[i])
+                si, s, e = int(occ.seg[i]), int(occ.s[i]), int(occ.e[i])
                 cols = snap.segments[si].columns()
-                text, doc = surface(st, si, s, e)
+                text, doc = surface(snap, si, s, e)
                 a, b = int(cols.offsets[s, 0]), int(cols.offsets[e, 1])
                 rows.append({"phrase": g.text, "text": text, "support": g.support, "rank": rank,
                              "answer_score": float(g.score), "score": float(w[i]),
@@ -56,20 +62,21 @@ class EvidenceRows(Operator):
                              "tokens": e - s + 1, "length": len(text.split()),
                              "version": snap.manifest.id, "generation": snap.generation,
                              **_doc_columns(doc)})
-        st.rows = rows
-        return len(rows)
+        return Rows(rows)
 
 
 @dataclass(frozen=True)
 class BlockRows(Operator):
-    """One row per retrieved block (``st.blocks``), as ``Database.search`` reports them."""
+    """One row per retrieved block (its child's :class:`BlockHits`), as ``Database.search``
+    reports them."""
 
     children: tuple = ()
 
-    def run(self, st: ExecState) -> int:
+    def run(self, st: ExecState) -> Rows:
         snap = st.snapshot
         rows: list[dict] = []
-        for si, block, score in st.blocks:
+        hits = [h for out in st.inputs(self, BlockHits) for h in out.hits]
+        for si, block, score in hits:
             cols = snap.segments[si].columns()
             doc = snap.doc(si, int(cols.block_doc[block]))
             a = int(cols.offsets[cols.block_ptr[block], 0])
@@ -78,8 +85,7 @@ class BlockRows(Operator):
                          "text": doc.text[a:b], "snippet": snippet(doc.text, a, b, 0)[:300],
                          "version": snap.manifest.id, "generation": snap.generation,
                          **_doc_columns(doc)})
-        st.rows = rows
-        return len(rows)
+        return Rows(rows)
 
 
 @dataclass(frozen=True)
@@ -97,7 +103,7 @@ class ScanDocuments(Operator):
             parts.append(f"stop_after={self.stop_after}")
         return ", ".join(parts)
 
-    def run(self, st: ExecState) -> int:
+    def run(self, st: ExecState) -> Rows:
         snap = st.snapshot
         rows: list[dict] = []
         for si, seg in enumerate(snap.segments):
@@ -110,8 +116,7 @@ class ScanDocuments(Operator):
                 doc = seg.doc(snap.txn, int(local))
                 rows.append({"version": snap.manifest.id, "generation": snap.generation,
                              **_doc_columns(doc)})
-        st.rows = rows
-        return len(rows)
+        return Rows(rows)
 
 
 @dataclass(frozen=True)
@@ -123,9 +128,8 @@ class FilterRows(Operator):
     def detail(self) -> str:
         return self.describe
 
-    def run(self, st: ExecState) -> int:
-        st.rows = [r for r in st.rows if self.predicate(r)]
-        return len(st.rows)
+    def run(self, st: ExecState) -> Rows:
+        return Rows([r for r in st.input(self, Rows).rows if self.predicate(r)])
 
 
 @dataclass(frozen=True)
@@ -138,11 +142,10 @@ class OrderRows(Operator):
     def detail(self) -> str:
         return ", ".join(f"{d} {'DESC' if desc else 'ASC'}" for d, _, desc in self.keys)
 
-    def run(self, st: ExecState) -> int:
-        from npmdb.errors import ProgrammingError
-
+    def run(self, st: ExecState) -> Rows:
+        rows = st.input(self, Rows).rows
         for describe, fn, desc in reversed(self.keys):
-            values = [fn(r) for r in st.rows]
+            values = [fn(r) for r in rows]
             present = [i for i, v in enumerate(values) if v is not None]
             missing = [i for i, v in enumerate(values) if v is None]
             try:
@@ -151,8 +154,8 @@ class OrderRows(Operator):
                 kinds = sorted({type(values[i]).__name__ for i in present})
                 raise ProgrammingError(f"ORDER BY {describe}: cannot sort values of different "
                                        f"types ({', '.join(kinds)})") from None
-            st.rows = [st.rows[i] for i in present + missing]
-        return len(st.rows)
+            rows = [rows[i] for i in present + missing]
+        return Rows(rows)
 
 
 @dataclass(frozen=True)
@@ -164,25 +167,24 @@ class LimitRows(Operator):
     def detail(self) -> str:
         return _fmt(limit=self.n, offset=self.offset) if self.n is not None else _fmt(offset=self.offset)
 
-    def run(self, st: ExecState) -> int:
+    def run(self, st: ExecState) -> Rows:
         end = None if self.n is None else self.offset + self.n
-        st.rows = st.rows[self.offset:end]
-        return len(st.rows)
+        return Rows(st.input(self, Rows).rows[self.offset:end])
 
 
 @dataclass(frozen=True)
 class Project(Operator):
-    """The select list: ``make(state)`` returns the output rows (tuples), which are left in
-    ``state.info["projection"]`` as ``(columns, rows)``."""
+    """The select list: ``make(input, snapshot)`` turns its child's :class:`Answers` or
+    :class:`Rows` into the output rows (tuples)."""
 
     columns: tuple[str, ...]
-    make: Callable[[ExecState], list[tuple]] = field(compare=False, repr=False)
+    make: Callable[[Answers | Rows, Any], list[tuple]] = field(compare=False, repr=False)
     children: tuple = ()
 
     def detail(self) -> str:
         return ", ".join(self.columns)
 
-    def run(self, st: ExecState) -> int:
-        rows = self.make(st)
-        st.info["projection"] = (self.columns, tuple(rows))
-        return len(rows)
+    def run(self, st: ExecState) -> Projection:
+        (inp,) = [o for o in (st.outputs.get(id(c)) for c in self.children)
+                  if isinstance(o, (Answers, Rows))]
+        return Projection(self.columns, tuple(self.make(inp, st.snapshot)))

@@ -4,10 +4,12 @@
       (:func:`npmdb.query.binder.build`) → rewrite rules (:func:`npmdb.query.rules.optimize`)
       → physical operators (:func:`npmdb.query.compiler.compile_plan`) → executor
 
-MASKED/TOKENS/EVIDENCE/CLASSIFY run through ``Database.run_masked``/``run_classify`` with
-the plan :mod:`npmdb.query.planner` builds for ``fill_mask``/``classify`` (plus a Project,
-and for EVIDENCE occurrence rows, on top), so a statement and the equivalent call return
-the same answers.
+MASKED/TOKENS/EVIDENCE/CLASSIFY run the plan :mod:`npmdb.query.planner` builds for
+``fill_mask``/``classify`` (plus a Project, and for EVIDENCE occurrence rows, on top)
+through the same executor, so a statement and the equivalent call return the same
+answers. The caller passes ``open_context(version_ref, doc_filter=None)``, a context
+manager yielding the :class:`~npmdb.query.context.ExecContext` of a version; this module
+never sees the database itself. SHOW reads the version history from that context.
 
 **Parameters** are values, never text: ``?`` (bound from a sequence, in text order) and
 ``:name`` (from a mapping) become Literal nodes of the tree. A list or tuple bound to a
@@ -73,6 +75,7 @@ from npmdb.errors import Error, InternalError, ProgrammingError
 
 from . import ast as A
 from .compiler import compile_plan, format_explain, show
+from .context import OpenContext
 from .lexer import MAX_INTEGER, error_at
 from .binder import build
 from .parser import parse
@@ -81,10 +84,10 @@ from .rules import optimize
 __all__ = ["execute", "bind", "prepare"]
 
 
-def execute(db: Any, text: str, params: Any = None) -> Any:
-    """Run one statement of the query language against ``db``."""
+def execute(text: str, params: Any, open_context: OpenContext) -> Any:
+    """Run one statement of the query language over the versions ``open_context`` opens."""
     try:
-        return _execute(db, text, params)
+        return _execute(text, params, open_context)
     except Error:
         raise
     except RecursionError:
@@ -104,18 +107,19 @@ def prepare(text: str, params: Any = None):
     return stmt, compile_plan(plan, text), notes
 
 
-def _execute(db: Any, text: str, params: Any) -> Any:
+def _execute(text: str, params: Any, open_context: OpenContext) -> Any:
     from .result import Result
 
     stmt, compiled, notes = prepare(text, params)
     if isinstance(stmt, A.Show):
-        return show(db, stmt.what)
+        with open_context(None) as ctx:
+            return show(ctx.history(), stmt.what)
     if not isinstance(stmt, A.Explain):
-        _check_version(db, stmt, compiled, text)
-        return compiled.run(db)
+        _check_version(open_context, stmt, compiled, text)
+        return compiled.run(open_context)
     if stmt.analyze:
-        _check_version(db, stmt.statement, compiled, text)
-        res = compiled.run(db)
+        _check_version(open_context, stmt.statement, compiled, text)
+        res = compiled.run(open_context)
         total = f"total: {res.elapsed_ms:.2f} ms, {len(res.rows or ())} rows"
         physical = res.plan if compiled.spec is not None or compiled.rows_root is not None else ""
         plan_text = format_explain(compiled.logical, physical, notes, total)
@@ -128,12 +132,13 @@ def _execute(db: Any, text: str, params: Any) -> Any:
                   rows=tuple((line,) for line in plan_text.splitlines()))
 
 
-def _check_version(db: Any, select: A.Select, compiled: Any, text: str) -> None:
+def _check_version(open_context: OpenContext, select: A.Select, compiled: Any,
+                   text: str) -> None:
     """An unknown AS OF version or tag is reported at its place in the query."""
     if select.as_of is None:
         return
     try:
-        with db.snapshot(compiled.version):
+        with open_context(compiled.version):
             pass
     except ProgrammingError as exc:
         raise error_at(text, select.as_of.pos, str(exc)) from None

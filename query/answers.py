@@ -1,0 +1,445 @@
+"""From candidates to answers: phrase assembly, exact scoring, grouping into answers,
+closed-set labels, and the answer-level tail (filter, order, limit, evidence).
+
+Typed outputs flow up the plan: the retrieval operators (:mod:`npmdb.query.operators`)
+hand these :class:`~npmdb.query.operators.Candidates`; assembly and scoring produce
+:class:`~npmdb.query.operators.Occurrences`; grouping and the tail produce
+:class:`~npmdb.query.operators.Answers` (the groups and the occurrences they index).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+import numpy as np
+
+from npmdb.storage.format import WORD_END, WORD_START
+
+from . import scoring as S
+from .operators import (
+    Answers, Candidates, ExecState, Group, Occurrences, Operator, _empty, _fmt,
+)
+from .text import fold, fold_view
+
+__all__ = [
+    "AssembleSpans", "ScoreSpans", "ScoreTokens", "Aggregate", "ClassifyLabels",
+    "FilterAnswers", "OrderBy", "Limit", "AttachEvidence", "Surfaces", "snippet", "surface",
+]
+
+# -- phrase assembly and scoring ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AssembleSpans(Operator):
+    max_len: int
+    clean_edges: bool = True
+    no_stopwords: bool = False
+    children: tuple = ()
+
+    def detail(self) -> str:
+        return _fmt(max_len=self.max_len, clean_edges=self.clean_edges,
+                    no_stopwords=self.no_stopwords)
+
+    def run(self, st: ExecState) -> Occurrences:
+        segs, ss, es = [], [], []
+        found = st.inputs(self, Candidates)
+        starts_by, ends_by = Candidates.union(found, "start"), Candidates.union(found, "end")
+        for si in sorted(set(starts_by) | set(ends_by)):
+            cols = st.snapshot.segments[si].columns()
+            starts = starts_by.get(si, np.zeros(0, np.int64))
+            ends = ends_by.get(si, np.zeros(0, np.int64))
+            both = np.concatenate([starts, ends]).astype(np.int64)
+            spans = S.assemble_spans(starts, ends, cols.flags, cols.block_start(both),
+                                     cols.block_end(both), max_len=self.max_len,
+                                     clean_edges=self.clean_edges, no_stopwords=self.no_stopwords)
+            segs.append(np.full(len(spans), si, np.int64))
+            ss.append(spans[:, 0])
+            es.append(spans[:, 1])
+        qv = Candidates.query_vectors(found)
+        if not segs:
+            return Occurrences(_empty(np.int64), _empty(np.int64), _empty(np.int64), qv)
+        return Occurrences(np.concatenate(segs), np.concatenate(ss), np.concatenate(es), qv)
+
+
+def _exact_sims(snap: Any, seg: np.ndarray, pos: list[np.ndarray], qs: list[np.ndarray]
+                ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Exact ``sim(q, E(c))`` of the candidates ``pos[i]`` (positions in segments ``seg``)
+    for query vector ``qs[i]``: per i, (inverse ids into the unique candidates, their sims).
+
+    Every stored vector needed is read once (one gather over the union of the sets, one
+    read of each chunk touched). The mat-vec uses ``einsum``, not ``@``: a multi-threaded
+    BLAS call leaves its threads spinning and slows the next torch call on a busy machine
+    (measured ~50x here).
+    """
+    scale = 1.0 / np.sqrt(len(qs[0]))
+    qs = [np.asarray(q, np.float32) for q in qs]
+
+    def matvecs(vecs: np.ndarray) -> np.ndarray:  # one einsum per query vector: a 2-column
+        return np.stack([np.einsum("ij,j->i", vecs, q) for q in qs], axis=1)  # einsum is slow
+
+    one = len(snap.segments) == 1
+    uniqs, invs = [], []
+    for p in pos:
+        u, inv = np.unique(p if one else seg * (1 << 40) + p, return_inverse=True)
+        uniqs.append(u)
+        invs.append(inv)
+    union, where = np.unique(np.concatenate(uniqs), return_inverse=True)
+    if one:
+        sims = matvecs(snap.segments[0].vectors(snap.txn, snap.generation, union))
+    else:
+        sims = np.empty((len(union), len(qs)), dtype=np.float32)
+        useg, upos = union >> 40, union & ((1 << 40) - 1)
+        for si in np.unique(useg):
+            m = useg == si
+            vecs = snap.segments[int(si)].vectors(snap.txn, snap.generation, upos[m])
+            sims[m] = matvecs(vecs)
+    out, lo = [], 0
+    for i, u in enumerate(uniqs):
+        out.append((invs[i], sims[where[lo:lo + len(u)], i].astype(np.float64) * scale))
+        lo += len(u)
+    return out
+
+
+@dataclass(frozen=True)
+class ScoreSpans(Operator):
+    """Exact similarities for every start in S and end in E, then NPM's span score."""
+
+    tau: float
+    scoring: str = "npm"
+    children: tuple = ()
+
+    def detail(self) -> str:
+        return _fmt(tau=self.tau, scoring=self.scoring)
+
+    def run(self, st: ExecState) -> Occurrences:
+        sp = st.input(self, Occurrences)
+        (inv_s, sims_s), (inv_e, sims_e) = _exact_sims(st.snapshot, sp.seg, [sp.s, sp.e],
+                                                       [sp.qv.start, sp.qv.end])
+        score, _, _ = S.span_scores(inv_s, inv_e, sims_s, sims_e, tau=self.tau,
+                                    scoring=self.scoring)
+        st.info["unique_starts"], st.info["unique_ends"] = len(sims_s), len(sims_e)
+        return replace(sp, sim_s=sims_s[inv_s], sim_e=sims_e[inv_e], score=score)
+
+
+@dataclass(frozen=True)
+class ScoreTokens(Operator):
+    """Token mode: exact ``sim(q, c)`` for every candidate token, softmax over them."""
+
+    tau: float
+    children: tuple = ()
+
+    def detail(self) -> str:
+        return _fmt(tau=self.tau)
+
+    def run(self, st: ExecState) -> Occurrences:
+        found = st.inputs(self, Candidates)
+        qv = Candidates.query_vectors(found)
+        segs, poss = [], []
+        for si, p in sorted(Candidates.union(found, "token").items()):
+            segs.append(np.full(len(p), si, np.int64))
+            poss.append(p)
+        if not segs:
+            return Occurrences(_empty(np.int64), _empty(np.int64), _empty(np.int64), qv)
+        seg, s = np.concatenate(segs), np.concatenate(poss)
+        ((inv, sims),) = _exact_sims(st.snapshot, seg, [s], [qv.token])
+        sim = sims[inv]
+        return Occurrences(seg, s, s.copy(), qv, sim_s=sim, score=S.softmax(sim, self.tau))
+
+
+# -- aggregation ----------------------------------------------------------------------------
+
+
+def surface(snap: Any, si: int, s: int, e: int) -> tuple[str, Any]:
+    """The occurrence's text sliced from its document, and the document."""
+    seg = snap.segments[si]
+    cols = seg.columns()
+    doc = seg.doc(snap.txn, int(cols.block_doc[cols.block_of[s]]))
+    return doc.text[cols.offsets[s, 0]:cols.offsets[e, 1]], doc
+
+
+class Surfaces:
+    """The surface texts of many occurrences, computed on demand: ``keys()`` gives every
+    occurrence's folded text (the grouping key) and ``text(i)`` one occurrence's text."""
+
+    def __init__(self, snap: Any, seg: np.ndarray, s: np.ndarray, e: np.ndarray) -> None:
+        self.n = len(s)
+        self.docs = np.zeros(self.n, dtype=np.int64)
+        self._parts = []  # (rows, doc numbers, starts, ends, {doc: (text, folded)})
+        for si in np.unique(seg):
+            rows = np.flatnonzero(seg == si)
+            reader = snap.segments[int(si)]
+            cols = reader.columns()
+            ss, ee = s[rows], e[rows]
+            dl = cols.block_doc[cols.block_of[ss]]
+            self.docs[rows] = dl
+            texts = {int(d): reader.doc_view(snap.txn, int(d), fold_view) for d in np.unique(dl)}
+            self._parts.append((rows, dl, cols.offsets[ss, 0], cols.offsets[ee, 1], texts))
+        self._where: np.ndarray | None = None
+
+    def keys(self) -> list[str]:
+        """``fold(text)`` of every occurrence: a slice of the document's folded text."""
+        out: list[str] = [""] * self.n
+        for rows, dl, a, b, texts in self._parts:
+            views = [texts[d] for d in dl.tolist()]
+            keys = [f[x:y] if f is not None else fold(t[x:y])
+                    for (t, f), x, y in zip(views, a.tolist(), b.tolist())]
+            if len(self._parts) == 1:
+                return keys
+            for r, k in zip(rows.tolist(), keys):
+                out[r] = k
+        return out
+
+    def text(self, i: int) -> str:
+        if self._where is None:  # occurrence -> (part, row within the part)
+            self._where = np.zeros((self.n, 2), dtype=np.int64)
+            for p, (rows, *_rest) in enumerate(self._parts):
+                self._where[rows, 0] = p
+                self._where[rows, 1] = np.arange(len(rows))
+        p, j = self._where[i]
+        _rows, dl, a, b, texts = self._parts[p]
+        return texts[int(dl[j])][0][int(a[j]):int(b[j])]
+
+
+def _word_bounds(cols, s: int, e: int) -> tuple[int, int]:
+    lo = int(cols.block_ptr[cols.block_of[s]])
+    hi = int(cols.block_ptr[cols.block_of[e] + 1]) - 1
+    while s > lo and not cols.flags[s] & WORD_START:
+        s -= 1
+    while e < hi and not cols.flags[e] & WORD_END:
+        e += 1
+    return s, e
+
+
+def _make_groups(keys: list, text_of: Callable[[int], str], scores: np.ndarray,
+                 n_tokens: np.ndarray, *, alpha: float = 0.0, top_n: int = 0) -> list[Group]:
+    """Answers from occurrences: per group the summed score (times ``n_tokens ** alpha``),
+    the surface text of its best occurrence, and its members. With ``top_n``, only the
+    ``top_n`` best groups are built (in first-seen order, as a stable sort expects)."""
+    gid, distinct = S.group_keys(keys)
+    if not distinct:
+        return []
+    sums = np.bincount(gid, weights=scores, minlength=len(distinct))
+    nt = n_tokens.tolist()
+    if not alpha and top_n and top_n <= 32 and top_n < len(distinct):
+        # the common ORDER BY score LIMIT n: rank groups by their sums, then find the
+        # members and best occurrence of the n kept ones only
+        idx = np.arange(len(distinct))
+        keep = np.sort(np.lexsort((idx, -sums))[:top_n])
+        groups = []
+        for g in keep.tolist():
+            members = np.flatnonzero(gid == g)
+            best = int(members[np.argmax(scores[members])])  # ties: first seen
+            groups.append(Group(distinct[g], text_of(best), float(sums[g]), nt[best], members))
+        return groups
+    by_score = np.lexsort((-scores, gid))          # per group, best first (ties: first seen)
+    order = np.argsort(gid, kind="stable")         # per group, in occurrence order
+    cuts = np.flatnonzero(np.diff(gid[order])) + 1
+    lo = np.concatenate([[0], cuts])
+    hi = np.concatenate([cuts, [len(order)]])
+    best = by_score[lo]
+    final = sums * (n_tokens[best].astype(np.float64) ** alpha) if alpha else sums
+    keep = np.arange(len(distinct))
+    if top_n and top_n < len(distinct):
+        keep = np.sort(np.lexsort((keep, -final))[:top_n])
+    lo_l, hi_l, best_l, fin_l = lo.tolist(), hi.tolist(), best.tolist(), final.tolist()
+    return [Group(distinct[g], text_of(best_l[g]), fin_l[g], nt[best_l[g]],
+                  order[lo_l[g]:hi_l[g]]) for g in keep.tolist()]
+
+
+@dataclass(frozen=True)
+class Aggregate(Operator):
+    """Group occurrences into answers; answer score = sum of scores * n_tokens ** alpha."""
+
+    group_by: str = "phrase"
+    alpha: float = 0.0
+    children: tuple = ()
+    top_n: int = 0  # > 0: build only the best top_n answers (planner: ORDER BY score LIMIT)
+
+    def detail(self) -> str:
+        return _fmt(group_by=self.group_by, alpha=self.alpha) + (
+            f", top_n={self.top_n}" if self.top_n else "")
+
+    def run(self, st: ExecState) -> Answers:
+        occ = st.input(self, Occurrences)
+        snap = st.snapshot
+        if self.group_by == "word":  # occurrences widen to whole words
+            ws, we = occ.s.copy(), occ.e.copy()
+            for i in range(len(ws)):
+                cols = snap.segments[int(occ.seg[i])].columns()
+                ws[i], we[i] = _word_bounds(cols, int(ws[i]), int(we[i]))
+            occ = replace(occ, s=ws, e=we)
+        sf = Surfaces(snap, occ.seg, occ.s, occ.e)
+        docs = sf.docs
+        n_tokens = occ.e - occ.s + 1
+        if self.group_by in ("phrase", "word"):
+            keys = sf.keys()
+        elif self.group_by == "tokens":
+            keys = []
+            for si, s, e in zip(occ.seg.tolist(), occ.s.tolist(), occ.e.tolist()):
+                keys.append(tuple(snap.segments[si].columns().tokens[s:e + 1].tolist()))
+        else:  # document
+            keys = list(zip(occ.seg.tolist(), docs.tolist()))
+        groups = _make_groups(keys, sf.text, np.asarray(occ.score, np.float64), n_tokens,
+                              alpha=self.alpha, top_n=self.top_n)
+        if self.group_by == "document":
+            for g in groups:
+                si, local = g.key
+                g.text = snap.doc(si, local).id
+        st.info["answers"] = len(set(keys))
+        return Answers(groups, occ, st.info["answers"])
+
+
+@dataclass(frozen=True)
+class ClassifyLabels(Operator):
+    """score(label) = sum over candidates whose text is a label word of
+    exp(sim_s/tau + sim_e/tau) (phrase) or exp(sim/tau) (token)."""
+
+    labels: tuple[tuple[str, tuple[str, ...]], ...]
+    tau: float
+    mode: str = "phrase"
+    children: tuple = ()
+
+    def detail(self) -> str:
+        return _fmt(labels="{" + ", ".join(f"{l}: {list(w)}" for l, w in self.labels) + "}",
+                    tau=self.tau)
+
+    def run(self, st: ExecState) -> Answers:
+        occ = st.input(self, Occurrences)
+        word_to_labels: dict[str, list[str]] = {}
+        for label, words in self.labels:
+            for w in words:
+                word_to_labels.setdefault(fold(w), []).append(label)
+        logits = S.label_logits(occ.sim_s, occ.sim_e if self.mode == "phrase" else None,
+                                self.tau)
+        keys = Surfaces(st.snapshot, occ.seg, occ.s, occ.e).keys()
+        members: dict[str, list[int]] = {l: [] for l, _ in self.labels}
+        for i, t in enumerate(keys):
+            for label in word_to_labels.get(t, ()):
+                members[label].append(i)
+        groups = []
+        for label, _ in self.labels:
+            idx = np.asarray(members[label], dtype=np.int64)
+            if len(idx):
+                z = logits[idx]
+                m = z.max()
+                log_score = float(m + np.log(np.exp(z - m).sum()))
+                score = float(np.exp(log_score)) if log_score < 700 else float("inf")
+            else:
+                log_score, score = float("-inf"), 0.0
+            g = Group(label, label, score=score, idx=idx,
+                      weights=np.exp(np.minimum(logits, 700.0)) if len(idx) else None)
+            g.extra["log_score"] = log_score
+            groups.append(g)
+        return Answers(groups, occ, len(groups))
+
+
+# -- relational tail ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FilterAnswers(Operator):
+    describe: str
+    predicate: Callable[[Group], bool] = field(compare=False, repr=False)
+    children: tuple = ()
+
+    def detail(self) -> str:
+        return self.describe
+
+    def run(self, st: ExecState) -> Answers:
+        ans = st.input(self, Answers)
+        kept = [g for g in ans.groups if self.predicate(g)]
+        return replace(ans, groups=kept, count=len(kept))
+
+
+@dataclass(frozen=True)
+class OrderBy(Operator):
+    keys: tuple[tuple[str, bool], ...] = (("score", True),)  # (column, descending)
+    children: tuple = ()
+
+    def detail(self) -> str:
+        return ", ".join(f"{k} {'DESC' if d else 'ASC'}" for k, d in self.keys)
+
+    def run(self, st: ExecState) -> Answers:
+        ans = st.input(self, Answers)
+        groups = list(ans.groups)
+        for col, desc in reversed(self.keys):
+            groups.sort(key=lambda g: _sort_value(g, col), reverse=desc)
+        return replace(ans, groups=groups, count=len(groups))
+
+
+def _sort_value(g: Group, col: str):
+    if col == "score":
+        return g.score
+    if col == "support":
+        return g.support
+    if col in ("phrase", "label", "text"):
+        return fold(g.text)
+    if col in ("length", "tokens"):
+        return g.n_tokens
+    if col == "words":  # SQL's length(phrase): number of words
+        return len(g.text.split())
+    return g.extra.get(col, 0)
+
+
+@dataclass(frozen=True)
+class Limit(Operator):
+    n: int
+    offset: int = 0
+    children: tuple = ()
+
+    def detail(self) -> str:
+        return _fmt(limit=self.n, offset=self.offset) if self.n else _fmt(offset=self.offset)
+
+    def run(self, st: ExecState) -> Answers:
+        ans = st.input(self, Answers)
+        end = self.offset + self.n if self.n else None
+        kept = ans.groups[self.offset:end]
+        return replace(ans, groups=kept, count=len(kept))
+
+
+@dataclass(frozen=True)
+class AttachEvidence(Operator):
+    """For each answer: its best ``n`` occurrences as (doc id, title, offsets, snippet)."""
+
+    n: int
+    children: tuple = ()
+
+    def detail(self) -> str:
+        return _fmt(per_answer=self.n)
+
+    def run(self, st: ExecState) -> Answers:
+        from .result import Evidence
+
+        ans = st.input(self, Answers)
+        occ, snap = ans.occ, st.snapshot
+        count = 0
+        groups = []
+        for g in ans.groups:
+            w = g.weights if g.weights is not None else occ.score
+            idx = g.idx[np.argsort(-np.asarray(w)[g.idx], kind="stable")][: self.n]
+            evidence = []
+            for i in idx.tolist():
+                si, s, e = int(occ.seg[i]), int(occ.s[i]), int(occ.e[i])
+                cols = snap.segments[si].columns()
+                _, doc = surface(snap, si, s, e)
+                a, b = int(cols.offsets[s, 0]), int(cols.offsets[e, 1])
+                evidence.append(Evidence(doc.id, doc.title, "text", a, b, snippet(doc.text, a, b),
+                                         float(w[i])))
+            count += len(evidence)
+            groups.append(replace(g, evidence=evidence))
+        return replace(ans, groups=groups, count=count)
+
+
+def snippet(text: str, a: int, b: int, width: int = 80) -> str:
+    """Context around ``text[a:b]``, cut at white space, with the occurrence in ⟦ ⟧-free form."""
+    lo = max(0, a - width)
+    hi = min(len(text), b + width)
+    if lo > 0:
+        sp = text.find(" ", lo, a)
+        lo = sp + 1 if sp != -1 else lo
+    if hi < len(text):
+        sp = text.rfind(" ", b, hi)
+        hi = sp if sp != -1 else hi
+    out = text[lo:hi].replace("\n", " ")
+    return ("…" if lo > 0 else "") + out + ("…" if hi < len(text) else "")
