@@ -18,7 +18,7 @@ from functools import lru_cache
 import numpy as np
 
 __all__ = [
-    "WORD_START", "WORD_END", "VALID_START", "VALID_END", "STOPWORD", "PUNCT",
+    "WORD_START", "WORD_END", "VALID_START", "VALID_END", "STOPWORD", "PUNCT", "BREAK",
     "STOPWORDS", "token_flags", "is_punct", "fold", "fold_view",
 ]
 
@@ -27,7 +27,7 @@ from npmdb.query.text import fold, fold_view  # noqa: E402
 
 # Per-token flag bits (uint8), stored with every block: defined with the storage layout.
 from npmdb.storage.format import (  # noqa: E402
-    PUNCT, STOPWORD, VALID_END, VALID_START, WORD_END, WORD_START,
+    BREAK, PUNCT, STOPWORD, VALID_END, VALID_START, WORD_END, WORD_START,
 )
 
 # English stopwords (the NLTK list, which NPM's released code also used).
@@ -54,6 +54,27 @@ APOSTROPHES = frozenset("'’ʼ`")
 def is_punct(s: str) -> bool:
     """True if ``s`` is non-empty and made only of punctuation and symbols."""
     return bool(s) and all(unicodedata.category(ch)[0] in "PS" for ch in s)
+
+
+# Punctuation that ends a clause or a sentence wherever it stands. NPM's released code
+# never returns a span holding "." or ","; these are the marks a phrase answer does not
+# cross ("Rome. Milan was next", "X): the capital of Y").
+CLAUSE_MARKS = frozenset(",;:!?()[]{}\"“”«»—–…。、；：！？（）")
+# Marks that break only with white space (or the text's edge) after them: "U.S.", "3.5",
+# "e-mail" and "a/b" stay inside one phrase; "ends." and "a - b" do not.
+SPACED_MARKS = frozenset(".-/")
+
+
+def is_break(text: str, start: int, end: int) -> bool:
+    """True if the token ``text[start:end]`` is clause or sentence punctuation."""
+    tok = text[start:end]
+    if not tok or not is_punct(tok):
+        return False
+    if any(ch in CLAUSE_MARKS for ch in tok):
+        return True
+    if tok[-1] in SPACED_MARKS:
+        return end >= len(text) or text[end].isspace()
+    return False
 
 
 def _is_cjk(ch: str) -> bool:
@@ -104,5 +125,5 @@ def token_flags(text: str, offsets: np.ndarray) -> np.ndarray:
         ws = i
     for i in range(n):
         if punct[i]:
-            flags[i] |= PUNCT
+            flags[i] |= PUNCT | (BREAK if is_break(text, starts[i], ends[i]) else 0)
     return flags

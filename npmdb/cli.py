@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .errors import Error
+from .query.spec import DEFAULT_K
 
 __all__ = ["main"]
 
@@ -215,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("db")
     q.add_argument("query")
     q.add_argument("--top", type=int, default=5)
-    q.add_argument("-k", type=int, default=1024)
+    q.add_argument("-k", type=int, default=DEFAULT_K)
     q.add_argument("--mode", default="phrase", choices=("phrase", "token"))
     q.add_argument("--retrieval", default="dense", choices=("dense", "bm25", "hybrid"))
     q.add_argument("--blocks", type=int, default=3)

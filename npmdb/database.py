@@ -29,7 +29,7 @@ from npmdb.query.context import ExecContext
 from npmdb.query.executor import execute
 from npmdb.query.plan import Plan
 from npmdb.query.planner import SEARCH_COLUMNS, plan_classify, plan_masked, plan_search
-from npmdb.query.spec import ClassifySpec, DocFilter, MaskedSpec, check_options
+from npmdb.query.spec import DEFAULT_K, ClassifySpec, DocFilter, MaskedSpec, check_options
 from npmdb.query.text import split_mask
 from npmdb.storage import codec as C
 from npmdb.storage import format as F
@@ -262,7 +262,7 @@ class Database:
 
     # -- queries -------------------------------------------------------------------------
 
-    def fill_mask(self, query: str, *, top: int = 5, k: int = 1024, mode: str = "phrase",
+    def fill_mask(self, query: str, *, top: int = 5, k: int = DEFAULT_K, mode: str = "phrase",
                   retrieval: str = "dense", blocks: int = 3, max_len: int = 10,
                   tau: float = 1.0, alpha: float = 0.0, exact: bool = False,
                   **options: Any) -> Result:
@@ -283,7 +283,7 @@ class Database:
         return self._run(plan_masked(spec, **plan_args), spec)
 
     def classify(self, query: str, labels: Mapping[str, str | Iterable[str]], *,
-                 tau: float = 5.0, k: int = 1024, mode: str = "phrase",
+                 tau: float = 5.0, k: int = DEFAULT_K, mode: str = "phrase",
                  retrieval: str = "dense", **options: Any) -> Result:
         """Closed-set classification: each label's score sums exp-similarities of the
         retrieved candidates whose text is one of its words (DESIGN.md section 1)."""

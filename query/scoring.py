@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from npmdb.storage.format import STOPWORD, VALID_END, VALID_START, WORD_END, WORD_START
+from npmdb.storage.format import BREAK, STOPWORD, VALID_END, VALID_START, WORD_END, WORD_START
 
 __all__ = ["softmax", "assemble_spans", "span_scores", "label_logits", "group_keys"]
 
@@ -30,6 +30,9 @@ def assemble_spans(starts: np.ndarray, ends: np.ndarray, flags: np.ndarray,
 
     From each candidate start, spans going forward up to ``max_len`` tokens that end at a
     valid end; from each candidate end, spans going backward likewise; the union, sorted.
+    With ``clean_edges`` a span also never holds clause or sentence punctuation (the
+    ``BREAK`` flag: NPM never returns a span with "." or ","); ``no_stopwords`` drops
+    spans holding a stopword anywhere.
     ``block_start``/``block_end`` give each candidate's block bounds (``[start, end)``),
     aligned with ``starts`` then ``ends``: arrays of length ``len(starts) + len(ends)``.
     """
@@ -66,9 +69,9 @@ def assemble_spans(starts: np.ndarray, ends: np.ndarray, flags: np.ndarray,
         return spans.reshape(0, 2)
     key = np.unique(spans[:, 0] * (1 << 32) + spans[:, 1])  # sorted unique (s, e)
     spans = np.stack([key >> 32, key & ((1 << 32) - 1)], axis=1)
-    if no_stopwords:
-        stop = (flags & STOPWORD) != 0
-        csum = np.concatenate([[0], np.cumsum(stop)])
+    banned = (BREAK if clean_edges else 0) | (STOPWORD if no_stopwords else 0)
+    if banned:
+        csum = np.concatenate([[0], np.cumsum((flags & banned) != 0)])
         spans = spans[(csum[spans[:, 1] + 1] - csum[spans[:, 0]]) == 0]
     return spans
 

@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 from npmdb.errors import ProgrammingError
 
-__all__ = ["MaskedSpec", "ClassifySpec", "DocFilter", "check_options"]
+__all__ = ["MaskedSpec", "ClassifySpec", "DocFilter", "check_options", "DEFAULT_K"]
 
 MODES = ("phrase", "token")
 RETRIEVALS = ("dense", "bm25", "hybrid")
@@ -30,11 +30,15 @@ class DocFilter:
     predicate: Any = field(compare=False, repr=False)  # Callable[[StoredDoc], bool]
 
 
+# Dense candidates per side: NPM's released code searches k = 4096 (DESIGN.md section 1).
+DEFAULT_K = 4096
+
+
 @dataclass(frozen=True)
 class MaskedSpec:
     text: str
     top: int = 5
-    k: int = 1024
+    k: int = DEFAULT_K
     mode: str = "phrase"
     retrieval: str = "dense"
     blocks: int = 3
@@ -59,7 +63,7 @@ class MaskedSpec:
 class ClassifySpec:
     text: str
     labels: tuple[tuple[str, tuple[str, ...]], ...]
-    k: int = 1024
+    k: int = DEFAULT_K
     mode: str = "phrase"
     retrieval: str = "dense"
     blocks: int = 3

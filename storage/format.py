@@ -21,7 +21,7 @@ __all__ = [
     "u32", "u64", "read_u32", "read_u64", "doc_key", "docid_key", "docid_prefix", "col_key",
     "vec_key", "pack", "unpack", "pack_array", "unpack_array",
     "VALID_START", "VALID_END", "WORD_START", "WORD_END", "STOPWORD", "PUNCT",
-    "SegmentRecord", "GenerationRecord", "LEGACY_CHUNK", "put_segment", "get_segment",
+    "BREAK", "SegmentRecord", "GenerationRecord", "LEGACY_CHUNK", "put_segment", "get_segment",
     "put_generation", "get_generation",
 ]
 
@@ -33,6 +33,8 @@ WORD_START = 1 << 2    # begins a word (any word)
 WORD_END = 1 << 3      # ends a word (any word)
 STOPWORD = 1 << 4      # belongs to a stopword
 PUNCT = 1 << 5         # is punctuation or a symbol
+BREAK = 1 << 6         # clause or sentence punctuation (npmdb.boundaries.is_break): a clean
+                       # span never holds one (databases built before this bit: no breaks)
 
 
 # -- keys (big-endian so LMDB's byte order is numeric order) ------------------------------

@@ -30,6 +30,7 @@ import numpy as np
 # Flag bits, as documented in npmdb/boundaries.py (the stored per-token flags).
 VALID_START = 1 << 0
 VALID_END = 1 << 1
+BREAK = 1 << 6     # clause/sentence punctuation: NPM never returns a span holding "." or ","
 
 MASK_RE = re.compile(r"\[MASK\]|<mask>", re.IGNORECASE)
 
@@ -195,11 +196,14 @@ class Oracle:
         spans: set[tuple[int, int]] = set()
         vs = (self.flags & VALID_START) != 0
         ve = (self.flags & VALID_END) != 0
+        brk = (self.flags & BREAK) != 0
         for s in starts:
             if not vs[s]:
                 continue
             hi = int(self.block_hi[s])
             for e in range(s, min(s + max_len, hi)):
+                if brk[e]:
+                    break
                 if ve[e]:
                     spans.add((s, e))
         for e in ends:
@@ -207,6 +211,8 @@ class Oracle:
                 continue
             lo = int(self.block_lo[e])
             for s in range(e, max(e - max_len, lo - 1), -1):
+                if brk[s]:
+                    break
                 if vs[s]:
                     spans.add((s, e))
         return spans
@@ -214,7 +220,7 @@ class Oracle:
     # -- queries -------------------------------------------------------------------------
 
     def fill_mask(self, text: str, *, mode: str = "phrase", retrieval: str = "dense",
-                  k: int = 1024, blocks: int = 3, max_len: int = 10, tau: float = 1.0,
+                  k: int = 4096, blocks: int = 3, max_len: int = 10, tau: float = 1.0,
                   alpha: float = 0.0, scoring: str = "npm", qv=None) -> OracleResult:
         """All answers (not only the top few) of a masked query. ``scoring='raw'`` is
         DensePhrases' ``sim_s + sim_e`` instead of NPM's ``P_s + P_e``."""
@@ -269,7 +275,7 @@ class Oracle:
         return res
 
     def classify(self, text: str, labels: dict[str, list[str]], *, mode: str = "phrase",
-                 retrieval: str = "dense", k: int = 1024, blocks: int = 3, max_len: int = 10,
+                 retrieval: str = "dense", k: int = 4096, blocks: int = 3, max_len: int = 10,
                  tau: float = 5.0, qv=None) -> "OracleLabels":
         """Per label: the log of sum of exp(sim_s/tau + sim_e/tau) (phrase mode) or of
         exp(sim/tau) (token mode) over the candidates whose folded text is one of its words

@@ -145,12 +145,12 @@ def test_raw_scoring_matches_oracle(tiny_db, oracle, queries):
 
 
 def test_defaults_are_the_spec_defaults(tiny_db, oracle, queries):
-    """fill_mask(q, exact=True) with no options = k 1024, max_len 10, tau 1, alpha 0."""
+    """fill_mask(q, exact=True) with no options = k 4096 (NPM), max_len 10, tau 1, alpha 0."""
     checked = 0
     failures = []
     for q in queries[:12]:
         qv = oracle.encode(q, "phrase")
-        if oracle.cut_gap(q, mode="phrase", k=1024, qv=qv) <= 1e-4:
+        if oracle.cut_gap(q, mode="phrase", k=4096, qv=qv) <= 1e-4:
             continue  # a tie at the k cut: the candidate set is not determined
         checked += 1
         problems = compare(tiny_db.fill_mask(q, exact=True), oracle.fill_mask(q, qv=qv), 5)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import platform
 import shutil
 import sys
@@ -128,7 +129,7 @@ def export(db, target: Path, *, report: dict, manifest: dict) -> dict:
         "final_loss": report["final_loss"],
         "loss_curve": report["loss_curve"],
         "device": report["device"],
-        "machine": {"cpus": __import__("os").cpu_count(), "platform": platform.platform()},
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
         "corpus": manifest,
     }
     (tmp / "recipe.json").write_text(json.dumps(info, indent=1, default=str))

@@ -1,0 +1,69 @@
+"""Inference defaults that follow NPM's released code (issue: answers worth reading)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from npmdb.boundaries import BREAK, is_break, token_flags
+from npmdb.query.scoring import assemble_spans
+
+CORPUS = [
+    {"id": "rome", "title": "Rome", "text": "The race began in Rome. Milan was next, then Turin."},
+    {"id": "berlin", "title": "Berlin", "text": "Berlin, Germany hosts many artists (painters; poets)."},
+    {"id": "dc", "title": "Washington", "text": "Washington, D.C. is the U.S. capital: a planned city."},
+    {"id": "misc", "title": "Misc", "text": "An e-mail costs 3.5 cents - or less! Really? Yes."},
+]
+
+
+@pytest.mark.parametrize("text, marks", [
+    ("Rome. Milan was next", ["."]),
+    ("X): the capital of Y; Z", [")", ":", ";"]),
+    ("U.S. Army in Washington, D.C. is", [".", ",", "."]),   # only dots before a space
+    ("an e-mail of 3.5 cents - or a/b", ["-"]),              # the spaced dash only
+])
+def test_break_flags_mark_clause_punctuation(text, marks):
+    offs, got = [], []
+    for m in re.finditer(r"\w+|[^\w\s]", text):
+        offs.append((m.start(), m.end()))
+    flags = token_flags(text, np.array(offs, dtype=np.int32))
+    got = [text[s:e] for (s, e), f in zip(offs, flags) if f & BREAK]
+    assert got == marks
+    assert is_break("end.", 3, 4) and not is_break("a.b", 1, 2)
+
+
+def test_clean_spans_never_hold_a_break():
+    #        0      1   2     3      4
+    toks = ["Rome", ".", "Milan", "was", "next"]
+    text = " ".join(toks)
+    offs, pos = [], 0
+    for t in toks:
+        offs.append((pos, pos + len(t)))
+        pos += len(t) + 1
+    flags = token_flags(text, np.array(offs, dtype=np.int32))
+    n = len(toks)
+    bs, be = np.zeros(2 * n, np.int64), np.full(2 * n, n, np.int64)
+    spans = assemble_spans(np.arange(n), np.arange(n), flags, bs, be, max_len=5)
+    assert [0, 2] not in spans.tolist()           # "Rome . Milan" crosses the full stop
+    assert [0, 0] in spans.tolist() and [2, 2] in spans.tolist()
+    raw = assemble_spans(np.arange(n), np.arange(n), flags, bs, be, max_len=5,
+                         clean_edges=False)
+    assert [0, 2] in raw.tolist()                 # clean_edges=False keeps NPM's raw spans
+
+
+def test_answers_do_not_cross_clause_punctuation(tmp_path, tiny_encoder):
+    import npmdb
+
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:
+        db.add(CORPUS)
+        seen = 0
+        for q in ("The race began in [MASK].", "[MASK] hosts many artists.",
+                  "Washington is the [MASK] capital.", "An e-mail costs [MASK] cents."):
+            for retrieval in ("dense", "bm25"):
+                res = db.fill_mask(q, retrieval=retrieval, top=50, max_len=10)
+                for a in res:
+                    seen += 1
+                    assert not re.search(r"[,;:!?()]|\.\s", a.text), a.text
+        assert seen > 20
