@@ -12,6 +12,7 @@ at the same concurrency (target ≤ 1.3×). Options are fill_mask's defaults (to
 occurrences each); the API also reads each occurrence's document for the page's context.
 
     python -m bench.serve_load [--db bench/work/dev-small.npmdb] [--clients 4] [--seconds 20]
+    python -m bench.serve_load --modes '' --screenshot docs/serve.png   # the README's picture
 """
 
 from __future__ import annotations
@@ -105,6 +106,23 @@ def api_caller(base: str, opts: dict):
     return call
 
 
+def screenshot(base: str, path: Path, query: str) -> None:
+    """The query page after one bm25 query, in headless chromium (Playwright)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+        page = b.new_page(viewport={"width": 1200, "height": 900})
+        page.goto(base + "/")
+        page.fill("#q", query)
+        page.select_option("select[name=retrieval]", "bm25")
+        page.fill("input[name=top]", "4")
+        page.click("#ask button[type=submit]")
+        page.wait_for_selector("#status.done")
+        page.screenshot(path=str(path), full_page=True)
+        b.close()
+
+
 def run(args) -> dict:
     import npmdb
 
@@ -124,6 +142,8 @@ def run(args) -> dict:
     proc = start_server(args.db, port)
     try:
         base = f"http://127.0.0.1:{port}"
+        if args.screenshot:
+            screenshot(base, args.screenshot, "Thessaloniki is a city in [MASK].")
         for mode in args.modes:
             call = api_caller(base, {"retrieval": mode})
             call(queries[0])
@@ -170,7 +190,9 @@ def main(argv=None) -> int:
                     help="database (built from the data's corpus when missing)")
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--seconds", type=float, default=20.0)
-    ap.add_argument("--modes", default="bm25,dense")
+    ap.add_argument("--modes", default="bm25,dense", help="'' measures nothing")
+    ap.add_argument("--screenshot", type=Path, default=None,
+                    help="save the query page (headless chromium) to this PNG")
     args = ap.parse_args(argv)
     args.modes = [m for m in args.modes.split(",") if m]
     if not (args.db / "data.mdb").exists():
@@ -179,6 +201,8 @@ def main(argv=None) -> int:
         with npmdb.open(args.db, progress=True) as db:
             db.add(args.data / "corpus.jsonl.gz", message="sample corpus")
     out = run(args)
+    if not args.modes:
+        return 0
     publish(NAME, out, render)
     return 0 if out["errors"] == 0 else 1
 
