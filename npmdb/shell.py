@@ -8,17 +8,17 @@ terminal the statements are read from it, results printed, and the exit status i
 the first error (which stops the run), else 0.
 
 Only the public API is used: ``Database.sql``, ``versions``, ``checkout``; ``.checkout``
-adds ``AS OF`` to statements that name no version (through the documented
-``parse``/``to_sql`` round trip of ``query/GRAMMAR.md``).
+writes ``AS OF`` after the FROM source of statements that name no version (a textual
+insertion: the statement is otherwise run as typed, so error positions before it hold).
 """
 
 from __future__ import annotations
 
 import csv
-import dataclasses
 import io
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -40,6 +40,7 @@ WORDS = ("phrase", "score", "support", "tokens", "length", "rank", "evidence", "
          "alpha", "mode", "scoring", "clean_edges", "no_stopwords", "doc.title", "doc.id",
          "doc.text", "lower", "upper", "abs", "round", "coalesce")
 MODES = ("table", "json", "csv", "line")
+_WORD = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
 
 HELP = """\
 .checkout REF        query version REF (an id or a tag) until .checkout HEAD
@@ -98,17 +99,11 @@ def split_statements(text: str) -> tuple[list[str], str]:
 
 def _is_blank(sql: str) -> bool:
     """True for text that holds nothing but white space, comments and semicolons."""
-    stmts, rest = split_statements(sql)
-    for s in stmts + [rest]:
-        t = s.rstrip(";").strip()
-        while t:
-            if t.startswith("--"):
-                j = t.find("\n")
-                t = "" if j == -1 else t[j + 1:].strip()
-            elif t.startswith("/*") and "*/" in t:
-                t = t[t.index("*/") + 2:].strip()
-            else:
-                return False
+    i = 0
+    while (i := _skip(sql, i)) < len(sql):
+        if sql[i] != ";":
+            return False
+        i += 1
     return True
 
 
@@ -179,20 +174,89 @@ def _result_rows(res: Any) -> tuple[list[str], list[tuple]]:
     return cols, [(a.text, a.score, a.support) for a in res.answers]
 
 
-def with_version(statement: str, ref: int | str) -> str:
-    """``statement`` with ``AS OF ref`` added when it names no version (else unchanged)."""
-    from npmdb.query import ast as A
-    from npmdb.query.parser import parse
-    from npmdb.query.printer import to_sql
+_WORD = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
 
-    tree = parse(statement)
-    select = tree.statement if isinstance(tree, A.Explain) else tree
-    if not isinstance(select, A.Select) or select.as_of is not None:
-        return statement
-    select = dataclasses.replace(select, as_of=A.Literal(ref))
-    if isinstance(tree, A.Explain):
-        select = dataclasses.replace(tree, statement=select)
-    return to_sql(select)
+
+def _skip(text: str, i: int) -> int:
+    """Past white space and comments from ``i``."""
+    n = len(text)
+    while i < n:
+        if text[i].isspace():
+            i += 1
+        elif text.startswith("--", i):
+            j = text.find("\n", i)
+            i = n if j == -1 else j + 1
+        elif text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            i = n if j == -1 else j + 2
+        else:
+            break
+    return i
+
+
+def _past_quoted(text: str, i: int) -> int:
+    q, n, j = text[i], len(text), i + 1
+    while j < n:
+        if text[j] == q:
+            if j + 1 < n and text[j + 1] == q:
+                j += 2
+                continue
+            return j + 1
+        j += 1
+    return n
+
+
+def with_version(statement: str, ref: int | str) -> str:
+    """``statement`` with ``AS OF ref`` after its FROM source when it names no version."""
+    text, i, n, depth = statement, 0, len(statement), 0
+    while i < n:
+        i = _skip(text, i)
+        if i >= n:
+            break
+        c = text[i]
+        if c in "'\"":
+            i = _past_quoted(text, i)
+        elif c == "(":
+            depth, i = depth + 1, i + 1
+        elif c == ")":
+            depth, i = depth - 1, i + 1
+        elif (m := _WORD.match(text, i)) and (i == 0 or not (text[i - 1].isalnum()
+                                                             or text[i - 1] in "_.:")):
+            i = m.end()
+            if depth or m.group().upper() != "FROM":
+                continue
+            j = _skip(text, i)
+            src = _WORD.match(text, j)
+            if not src:
+                return statement
+            end = src.end()
+            k = _skip(text, end)
+            if k < n and text[k] == "(":
+                d = 0
+                while k < n:
+                    if text[k] in "'\"":
+                        k = _past_quoted(text, k)
+                        continue
+                    if text[k] == "(":
+                        d += 1
+                    elif text[k] == ")":
+                        d -= 1
+                        if d == 0:
+                            k += 1
+                            break
+                    k += 1
+                end = k
+            nxt = _skip(text, end)
+            w1 = _WORD.match(text, nxt)
+            if w1 and w1.group().upper() == "AS":
+                w2 = _WORD.match(text, _skip(text, w1.end()))
+                if w2 and w2.group().upper() == "OF":
+                    return statement
+            lit = str(ref) if isinstance(ref, int) else "'" + str(ref).replace("'", "''") + "'"
+            return text[:end] + f" AS OF {lit}" + text[end:]
+        else:
+            i += 1
+    return statement
 
 
 class Shell:

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from npmdb.shell import Shell, format_rows, split_statements
+from npmdb.shell import Shell, format_rows, split_statements, with_version
 
 Q = "'Doha is the capital of [MASK].'"
 
@@ -25,6 +25,23 @@ def test_split_statements():
     assert stmts == ["SELECT 'a;b' FROM x;", " -- c;\nSELECT \"q;\" /* ; */ ;"]
     assert rest == "SEL"
     assert split_statements("SELECT 'it''s;' ;") == (["SELECT 'it''s;' ;"], "")
+
+
+@pytest.mark.parametrize("statement,ref,want", [
+    ("SELECT id FROM DOCUMENTS LIMIT 1", 1, "SELECT id FROM DOCUMENTS AS OF 1 LIMIT 1"),
+    ("SELECT id FROM documents() WHERE x", "v'1", "SELECT id FROM documents() AS OF 'v''1' WHERE x"),
+    ("SELECT phrase FROM MASKED('a (FROM) [MASK]') USING bm25", 3,
+     "SELECT phrase FROM MASKED('a (FROM) [MASK]') AS OF 3 USING bm25"),
+    ("EXPLAIN SELECT p FROM CLASSIFY('x', LABELS(a=('b', 'c'))) LIMIT 2;", "t",
+     "EXPLAIN SELECT p FROM CLASSIFY('x', LABELS(a=('b', 'c'))) AS OF 't' LIMIT 2;"),
+    ("SELECT id FROM DOCUMENTS as  of 1", 5, "SELECT id FROM DOCUMENTS as  of 1"),
+    ("SHOW TAGS", 1, "SHOW TAGS"),
+    ('SELECT "from" FROM /* c */ DOCUMENTS -- x\n LIMIT 1', 1,
+     'SELECT "from" FROM /* c */ DOCUMENTS AS OF 1 -- x\n LIMIT 1'),
+    ("SELECT doc.from_x FROM SEARCH(:q)", 1, "SELECT doc.from_x FROM SEARCH(:q) AS OF 1"),
+])
+def test_checkout_adds_as_of(statement, ref, want):
+    assert with_version(statement, ref) == want
 
 
 def test_output_modes():
