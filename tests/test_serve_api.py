@@ -252,6 +252,8 @@ def test_token_required_everywhere(writer):
     r = c.get("/versions", params={"token": "s3cret"}, follow_redirects=False)
     assert r.status_code == 303 and r.headers["location"] == "/versions"
     assert c.get("/versions").status_code == 200  # with the cookie now
+    r = c.get("/documents", params={"q": "a b&c", "token": "s3cret"}, follow_redirects=False)
+    assert r.headers["location"] == "/documents?q=a+b%26c"
     c.cookies.clear()
     assert c.get("/versions").status_code == 401
 

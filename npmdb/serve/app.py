@@ -26,6 +26,7 @@ import os
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable
+from urllib.parse import urlencode
 
 import anyio
 import anyio.to_thread
@@ -152,8 +153,8 @@ class Guard:
                 return await resp(scope, receive, send)
             if "token" in request.query_params and request.method == "GET" \
                     and not scope["path"].startswith("/api/"):
-                q = "&".join(f"{k}={v}" for k, v in request.query_params.multi_items()
-                             if k != "token")
+                q = urlencode([(k, v) for k, v in request.query_params.multi_items()
+                               if k != "token"])
                 resp = RedirectResponse(scope["path"] + (f"?{q}" if q else ""), 303)
                 resp.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict")
                 return await resp(scope, receive, send)
