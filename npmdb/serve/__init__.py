@@ -1,0 +1,66 @@
+"""``npmdb serve DB``: one warm process serving a query page and a JSON API.
+
+    from npmdb.serve import create_app, Settings
+    app = create_app("my.npmdb", Settings(token="s3cret", write=True))   # an ASGI app
+
+Needs the ``serve`` extra (``pip install 'npmdb[serve]'``: starlette, uvicorn, jinja2).
+Safe defaults: loopback only; any other address needs an access token (``--token`` or
+``NPMDB_TOKEN``); read-only unless ``--write``; bounded bodies, queries, ``k``, ``top``
+and time per request. See :mod:`npmdb.serve.app` for the routes.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import secrets
+import sys
+from typing import Any
+
+from ..errors import NotSupportedError, ProgrammingError
+from .settings import Settings
+
+__all__ = ["create_app", "Settings", "main", "is_loopback"]
+
+
+def create_app(db_path: str | os.PathLike, settings: Settings | None = None) -> Any:
+    """The Starlette application serving the database at ``db_path``."""
+    try:
+        from .app import build_app
+    except ImportError as exc:
+        raise NotSupportedError(f"npmdb serve needs the serve extra: pip install "
+                                f"'npmdb[serve]' ({exc.name} is missing)") from exc
+    return build_app(db_path, settings or Settings())
+
+
+def is_loopback(host: str) -> bool:
+    """True for addresses only this machine can reach (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def main(args: Any) -> int:
+    """``npmdb serve``: check the safety rules, then run uvicorn."""
+    token = args.token or os.environ.get("NPMDB_TOKEN") or None
+    if not is_loopback(args.host) and not token:
+        raise ProgrammingError(f"binding {args.host} (not loopback) needs an access token: "
+                               "--token TOKEN or NPMDB_TOKEN=TOKEN")
+    if args.write and not token:
+        token = secrets.token_urlsafe(18)
+        print(f"npmdb serve: --write without a token; generated one: {token}", file=sys.stderr)
+    settings = Settings(token=token, write=args.write, time_limit=args.time_limit)
+    app = create_app(args.db, settings)
+    try:
+        import uvicorn
+    except ImportError as exc:
+        raise NotSupportedError("npmdb serve needs uvicorn: pip install 'npmdb[serve]'") from exc
+    shown = f"[{args.host}]" if ":" in args.host else args.host
+    print(f"npmdb serve: http://{shown}:{args.port}/"
+          + (f"?token={token}" if token else "")
+          + f"  ({'read-write' if args.write else 'read-only'}; Ctrl-C stops)", file=sys.stderr)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0

@@ -1,0 +1,316 @@
+"""The JSON API: request checking, one pinned version per request, answers as JSON."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from .app import ApiError, Server
+
+__all__ = ["routes", "answers_json", "context", "occurrences"]
+
+#: fill_mask options the API passes on (after the limits below are checked).
+FILL_OPTIONS = ("top", "k", "mode", "retrieval", "blocks", "max_len", "tau", "alpha", "exact",
+                "scoring", "group_by", "clean_edges", "no_stopwords", "evidence", "offset",
+                "version")
+CLASSIFY_OPTIONS = ("tau", "k", "mode", "retrieval", "blocks", "max_len", "exact",
+                    "clean_edges", "evidence", "version")
+CONTEXT = 80  # characters of context either side of an occurrence
+
+
+async def read_json(request: Request) -> dict[str, Any]:
+    """The request body as a JSON object, or a 400 that says what is wrong."""
+    body = await request.body()
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, "BadRequest", f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "BadRequest", "the request body must be a JSON object")
+    return data
+
+
+def _query(data: dict, server: Server, key: str = "query") -> str:
+    q = data.get(key)
+    if not isinstance(q, str) or not q.strip():
+        raise ApiError(400, "BadRequest", f"'{key}' must be a non-empty string")
+    if len(q) > server.settings.max_query:
+        raise ApiError(413, "PayloadTooLarge", f"'{key}' is {len(q)} characters; the limit is "
+                       f"{server.settings.max_query}")
+    return q
+
+
+def check_options(data: dict, allowed: tuple[str, ...], server: Server,
+                  skip: tuple[str, ...] = ("query",)) -> dict[str, Any]:
+    """The options of a request, with unknown names and the limits on k/top refused."""
+    s = server.settings
+    opts = {k: v for k, v in data.items() if k not in skip}
+    unknown = sorted(set(opts) - set(allowed))
+    if unknown:
+        raise ApiError(400, "ProgrammingError", f"unknown option(s) {', '.join(unknown)}; "
+                       f"allowed: {', '.join(allowed)}")
+    for name, most in (("k", s.max_k), ("top", s.max_top), ("blocks", s.max_blocks),
+                       ("evidence", s.max_evidence), ("offset", s.max_rows)):
+        v = opts.get(name)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ApiError(400, "ProgrammingError", f"{name} must be an integer, got {v!r}")
+        if v > most:
+            raise ApiError(400, "LimitExceeded", f"{name}={v} is over this server's limit "
+                           f"of {most}", limit=most)
+    return opts
+
+
+def context(text: str, a: int, b: int, width: int = CONTEXT) -> dict[str, str]:
+    """``text[a:b]`` with up to ``width`` characters around it, cut at white space, as
+    (before, match, after): the cut of the engine's ``snippet``, kept here because the page
+    needs where the match is (and the query internals are not public API)."""
+    lo, hi = max(0, a - width), min(len(text), b + width)
+    if lo > 0:
+        sp = text.find(" ", lo, a)
+        lo = sp + 1 if sp != -1 else lo
+    if hi < len(text):
+        sp = text.rfind(" ", b, hi)
+        hi = sp if sp != -1 else hi
+    return {"before": ("…" if lo > 0 else "") + text[lo:a], "match": text[a:b],
+            "after": text[b:hi] + ("…" if hi < len(text) else "")}
+
+
+def occurrences(text: str, phrase: str) -> list[tuple[int, int]]:
+    """Every case-insensitive occurrence of ``phrase`` in ``text`` (white space folded)."""
+    words = phrase.split()
+    if not words:
+        return []
+    pat = r"\s+".join(re.escape(w) for w in words)
+    return [(m.start(), m.end()) for m in re.finditer(pat, text, re.IGNORECASE)]
+
+
+def answers_json(db: Any, res: Any, vid: int) -> list[dict[str, Any]]:
+    """Answers with each occurrence's context read from the pinned version's document."""
+    docs: dict[str, dict | None] = {}
+    out = []
+    for a in res.answers:
+        ev = []
+        for e in a.evidence:
+            if e.doc_id not in docs:
+                docs[e.doc_id] = db.get(e.doc_id, version=vid)
+            d = docs[e.doc_id]
+            item = {"doc_id": e.doc_id, "title": e.title, "start": e.start, "end": e.end,
+                    "snippet": e.snippet, "score": e.score}
+            if d is not None:
+                field = d.get(e.field) if isinstance(d.get(e.field), str) else d["text"]
+                item.update(context(field, e.start, e.end))
+            ev.append(item)
+        out.append({"text": a.text, "score": a.score, "support": a.support,
+                    "tokens": a.tokens, "evidence": ev})
+    return out
+
+
+def result_json(server: Server, res: Any, vid: int, ms: float) -> dict[str, Any]:
+    return {"query": res.query, "answers": answers_json(server.db, res, vid),
+            "version": res.version, "generation": res.generation, "ms": round(ms, 3),
+            "plan": res.plan,
+            "stats": [{"operator": s.operator, "detail": s.detail, "rows": s.rows,
+                       "ms": round(s.ms, 4), "depth": s.depth} for s in res.stats]}
+
+
+def routes(server: Server) -> list[Route]:
+    db = server.db
+    s = server.settings
+
+    async def fill_mask(request: Request) -> JSONResponse:
+        data = await read_json(request)
+        q = _query(data, server)
+        opts = check_options(data, FILL_OPTIONS, server)
+
+        def run():
+            t0 = time.perf_counter()
+            vid = server.pin(opts.pop("version", None))
+            res = db.fill_mask(q, version=vid, **opts)
+            return result_json(server, res, vid, (time.perf_counter() - t0) * 1000)
+        return JSONResponse(await server.call(run))
+
+    async def classify(request: Request) -> JSONResponse:
+        data = await read_json(request)
+        q = _query(data, server)
+        labels = data.get("labels")
+        if not isinstance(labels, dict) or not labels or not all(
+                isinstance(v, str) or (isinstance(v, list) and v and all(
+                    isinstance(w, str) for w in v)) for v in labels.values()):
+            raise ApiError(400, "BadRequest", "'labels' must be an object of label -> word "
+                           "or list of words")
+        opts = check_options(data, CLASSIFY_OPTIONS, server, skip=("query", "labels"))
+
+        def run():
+            t0 = time.perf_counter()
+            vid = server.pin(opts.pop("version", None))
+            res = db.classify(q, labels, version=vid, **opts)
+            out = result_json(server, res, vid, (time.perf_counter() - t0) * 1000)
+            for a in out["answers"]:
+                a["label"] = a["text"]
+            return out
+        return JSONResponse(await server.call(run))
+
+    async def sql(request: Request) -> JSONResponse:
+        data = await read_json(request)
+        q = _query(data, server)
+        check_options(data, ("params",), server)
+        params = data.get("params")
+        if params is not None and not isinstance(params, (list, dict)):
+            raise ApiError(400, "BadRequest", "'params' must be a list (for ?) or an object "
+                           "(for :name)")
+
+        def run():
+            t0 = time.perf_counter()
+            res = db.sql(q, params)
+            ms = (time.perf_counter() - t0) * 1000
+            cols, rows = (list(res.columns), [list(r) for r in res.rows]) \
+                if res.columns is not None and res.rows is not None else \
+                (["text", "score", "support"], [[a.text, a.score, a.support] for a in res])
+            body = {"columns": cols, "rows": rows[:s.max_rows], "truncated": len(rows) > s.max_rows,
+                    "version": res.version, "generation": res.generation, "ms": round(ms, 3),
+                    "plan": res.plan}
+            return json.loads(json.dumps(body, ensure_ascii=False, default=str))
+        return JSONResponse(await server.call(run))
+
+    async def versions(request: Request) -> JSONResponse:
+        def run():
+            vs = db.versions()
+            head = next((v["id"] for v in vs if v["head"]), None)
+            return {"versions": vs, "head": head,
+                    "tags": {t: v["id"] for v in vs for t in v["tags"]}}
+        return JSONResponse(await server.call(run))
+
+    async def documents(request: Request) -> JSONResponse:
+        p = request.query_params
+        try:
+            offset = int(p.get("offset", 0))
+            limit = int(p.get("limit", 20))
+        except ValueError:
+            raise ApiError(400, "BadRequest", "offset and limit must be integers") from None
+        if not (0 <= offset <= 1_000_000 and 0 <= limit <= s.max_page):
+            raise ApiError(400, "LimitExceeded", f"limit is at most {s.max_page}, offset "
+                           "at most 1,000,000", limit=s.max_page)
+        q = p.get("q") or None
+        if q is not None and len(q) > s.max_query:
+            raise ApiError(413, "PayloadTooLarge", f"'q' is over {s.max_query} characters")
+        return JSONResponse(await server.call(page_of_documents, server, p.get("version"), q,
+                                              offset, limit))
+
+    async def document(request: Request) -> JSONResponse:
+        doc_id = request.path_params["doc_id"]
+
+        def run():
+            vid = server.pin(request.query_params.get("version"))
+            d = db.get(doc_id, version=vid)
+            if d is None:
+                raise ApiError(404, "NotFound", f"no document {doc_id!r} at version {vid}")
+            return d | {"version": vid}
+        return JSONResponse(await server.call(run))
+
+    async def diff(request: Request) -> JSONResponse:
+        p = request.query_params
+        if not p.get("a"):
+            raise ApiError(400, "BadRequest", "diff needs ?a=VERSION (and b, default HEAD)")
+
+        def run():
+            a, b = server.pin(p.get("a")), server.pin(p.get("b"))
+            d = db.diff(a, b)
+            return {"a": a, "b": b, "added": list(d.added), "removed": list(d.removed),
+                    "changed": list(d.changed)}
+        return JSONResponse(await server.call(run))
+
+    async def openapi(request: Request) -> JSONResponse:
+        from .openapi import schema
+        return JSONResponse(schema(s))
+
+    out = [
+        Route("/api/fill_mask", fill_mask, methods=["POST"]),
+        Route("/api/classify", classify, methods=["POST"]),
+        Route("/api/sql", sql, methods=["POST"]),
+        Route("/api/versions", versions, methods=["GET"]),
+        Route("/api/diff", diff, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
+    ]
+    if s.write:
+        out += write_routes(server)
+    else:
+        async def read_only(request: Request) -> JSONResponse:
+            raise ApiError(403, "ReadOnly", "this server is read-only: start it with --write "
+                           "(and a token) to add, delete or tag")
+        out += [Route("/api/documents", read_only, methods=["POST"]),
+                Route("/api/documents/{doc_id:path}", read_only, methods=["DELETE"]),
+                Route("/api/tags", read_only, methods=["POST"])]
+    out += [Route("/api/documents", documents, methods=["GET"]),
+            Route("/api/documents/{doc_id:path}", document, methods=["GET"])]
+    return out
+
+
+def page_of_documents(server: Server, version: Any, q: str | None, offset: int,
+                      limit: int) -> dict[str, Any]:
+    """One page of documents: BM25 hits for ``q``, else documents in insertion order."""
+    db = server.db
+    vid = server.pin(version)
+    total = db.count(vid)
+    if q:
+        hits = db.search(q, limit=offset + limit + 1, version=vid)
+        rows = [{"id": h["doc_id"], "title": h["title"], "snippet": h["snippet"],
+                 "score": h["score"]} for h in hits[offset:offset + limit]]
+        more = len(hits) > offset + limit
+    else:
+        res = db.sql("SELECT id, title, text FROM DOCUMENTS AS OF ? LIMIT ? OFFSET ?",
+                     [vid, limit + 1, offset])
+        rows = [{"id": r[0], "title": r[1], "snippet": r[2][:200]} for r in res.rows[:limit]]
+        more = len(res.rows) > limit
+    return {"version": vid, "total": total, "offset": offset, "limit": limit, "q": q,
+            "documents": rows, "more": more}
+
+
+def write_routes(server: Server) -> list[Route]:
+    """add / delete / tag (only with --write; the Guard has checked the token)."""
+    db = server.db
+
+    async def add(request: Request) -> JSONResponse:
+        data = await read_json(request)
+        docs = data.get("documents")
+        if not isinstance(docs, list) or not docs or not all(
+                isinstance(d, (str, dict)) for d in docs):
+            raise ApiError(400, "BadRequest", "'documents' must be a non-empty list of "
+                           "strings or {id, title, text, meta} objects")
+        message = data.get("message", "")
+        if not isinstance(message, str):
+            raise ApiError(400, "BadRequest", "'message' must be a string")
+
+        def run():
+            before = db.count()
+            vid = db.add(docs, message=message)
+            return {"version": vid, "added": db.count(vid) - before}
+        return JSONResponse(await server.call(run), status_code=201)
+
+    async def delete(request: Request) -> JSONResponse:
+        doc_id = request.path_params["doc_id"]
+
+        def run():
+            return {"version": db.delete(doc_id)}
+        return JSONResponse(await server.call(run))
+
+    async def tag(request: Request) -> JSONResponse:
+        data = await read_json(request)
+        name, ref = data.get("name"), data.get("version")
+        if not isinstance(name, str) or not name:
+            raise ApiError(400, "BadRequest", "'name' must be a non-empty string")
+
+        def run():
+            return {"tag": name, "version": db.tag(name, server.pin(ref))}
+        return JSONResponse(await server.call(run))
+
+    return [Route("/api/documents", add, methods=["POST"]),
+            Route("/api/documents/{doc_id:path}", delete, methods=["DELETE"]),
+            Route("/api/tags", tag, methods=["POST"])]

@@ -1,0 +1,173 @@
+"""The OpenAPI 3.1 description of the JSON API (written by hand, served at /openapi.json)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .settings import Settings
+
+__all__ = ["schema"]
+
+
+def _ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json_body(name: str) -> dict:
+    return {"required": True, "content": {"application/json": {"schema": _ref(name)}}}
+
+
+def _ok(name: str, description: str = "OK") -> dict:
+    return {"description": description, "content": {"application/json": {"schema": _ref(name)}}}
+
+
+ERRORS = {"400": _ok("Error", "bad request, bad query (ProgrammingError) or over a limit"),
+          "401": _ok("Error", "missing or wrong access token"),
+          "413": _ok("Error", "request body or query too large"),
+          "503": _ok("Error", "over the per-request time limit")}
+
+
+def schema(settings: Settings) -> dict[str, Any]:
+    s = settings
+    version_param = {"name": "version", "in": "query", "required": False,
+                     "schema": {"type": ["integer", "string"]}, "description": "id or tag"}
+    options = {
+        "top": {"type": "integer", "minimum": 0, "maximum": s.max_top, "default": 5},
+        "k": {"type": "integer", "minimum": 1, "maximum": s.max_k, "default": 1024},
+        "mode": {"enum": ["phrase", "token"]},
+        "retrieval": {"enum": ["dense", "bm25", "hybrid"]},
+        "blocks": {"type": "integer", "maximum": s.max_blocks, "default": 3},
+        "max_len": {"type": "integer", "default": 10},
+        "tau": {"type": "number", "default": 1.0},
+        "alpha": {"type": "number", "default": 0.0},
+        "exact": {"type": "boolean"},
+        "scoring": {"enum": ["npm", "raw"]},
+        "group_by": {"enum": ["phrase", "tokens", "document", "word"]},
+        "clean_edges": {"type": "boolean"},
+        "no_stopwords": {"type": "boolean"},
+        "evidence": {"type": "integer", "maximum": s.max_evidence},
+        "offset": {"type": "integer"},
+        "version": {"type": ["integer", "string"], "description": "AS OF: id or tag"},
+    }
+    schemas = {
+        "Error": {"type": "object", "required": ["error"], "properties": {"error": {
+            "type": "object", "required": ["type", "message"], "properties": {
+                "type": {"type": "string", "examples": ["ProgrammingError", "BadRequest",
+                                                        "Unauthorized", "PayloadTooLarge"]},
+                "message": {"type": "string"}, "line": {"type": "integer"},
+                "column": {"type": "integer"}}}}},
+        "FillMaskRequest": {"type": "object", "required": ["query"], "properties": {
+            "query": {"type": "string", "maxLength": s.max_query}, **options}},
+        "ClassifyRequest": {"type": "object", "required": ["query", "labels"], "properties": {
+            "query": {"type": "string", "maxLength": s.max_query},
+            "labels": {"type": "object", "additionalProperties": {
+                "oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}},
+            **{k: v for k, v in options.items() if k not in ("top", "alpha", "scoring",
+                                                             "group_by", "no_stopwords",
+                                                             "offset")}}},
+        "Evidence": {"type": "object", "properties": {
+            "doc_id": {"type": "string"}, "title": {"type": "string"},
+            "start": {"type": "integer"}, "end": {"type": "integer"},
+            "snippet": {"type": "string"}, "score": {"type": "number"},
+            "before": {"type": "string"}, "match": {"type": "string"},
+            "after": {"type": "string"}}},
+        "Answer": {"type": "object", "properties": {
+            "text": {"type": "string"}, "score": {"type": "number"},
+            "support": {"type": "integer"}, "tokens": {"type": "integer"},
+            "evidence": {"type": "array", "items": _ref("Evidence")}}},
+        "Answers": {"type": "object", "properties": {
+            "answers": {"type": "array", "items": _ref("Answer")},
+            "version": {"type": "integer"}, "generation": {"type": "integer"},
+            "ms": {"type": "number"}, "plan": {"type": "string"},
+            "stats": {"type": "array", "items": {"type": "object", "properties": {
+                "operator": {"type": "string"}, "detail": {"type": "string"},
+                "rows": {"type": "integer"}, "ms": {"type": "number"},
+                "depth": {"type": "integer"}}}}}},
+        "SqlRequest": {"type": "object", "required": ["query"], "properties": {
+            "query": {"type": "string", "maxLength": s.max_query},
+            "params": {"oneOf": [{"type": "array"}, {"type": "object"}]}}},
+        "SqlResult": {"type": "object", "properties": {
+            "columns": {"type": "array", "items": {"type": "string"}},
+            "rows": {"type": "array", "items": {"type": "array"}},
+            "truncated": {"type": "boolean"}, "version": {"type": ["integer", "null"]},
+            "generation": {"type": ["integer", "null"]}, "ms": {"type": "number"},
+            "plan": {"type": "string"}}},
+        "Versions": {"type": "object", "properties": {
+            "versions": {"type": "array", "items": {"type": "object"}},
+            "head": {"type": ["integer", "null"]}, "tags": {"type": "object"}}},
+        "Document": {"type": "object", "properties": {
+            "id": {"type": "string"}, "title": {"type": "string"}, "text": {"type": "string"},
+            "meta": {"type": "object"}, "version": {"type": "integer"}}},
+        "DocumentPage": {"type": "object", "properties": {
+            "documents": {"type": "array", "items": {"type": "object"}},
+            "total": {"type": "integer"}, "offset": {"type": "integer"},
+            "limit": {"type": "integer"}, "more": {"type": "boolean"},
+            "version": {"type": "integer"}}},
+        "AddRequest": {"type": "object", "required": ["documents"], "properties": {
+            "documents": {"type": "array", "items": {"oneOf": [{"type": "string"},
+                                                              _ref("Document")]}},
+            "message": {"type": "string"}}},
+        "TagRequest": {"type": "object", "required": ["name"], "properties": {
+            "name": {"type": "string"}, "version": {"type": ["integer", "string"]}}},
+        "VersionId": {"type": "object", "properties": {"version": {"type": "integer"}}},
+    }
+    paths: dict[str, Any] = {
+        "/api/fill_mask": {"post": {"summary": "Fill the [MASK] with phrases from the corpus",
+                                    "requestBody": _json_body("FillMaskRequest"),
+                                    "responses": {"200": _ok("Answers"), **ERRORS}}},
+        "/api/classify": {"post": {"summary": "Closed-set classification with label words",
+                                   "requestBody": _json_body("ClassifyRequest"),
+                                   "responses": {"200": _ok("Answers"), **ERRORS}}},
+        "/api/sql": {"post": {"summary": "Run one query-language statement",
+                              "requestBody": _json_body("SqlRequest"),
+                              "responses": {"200": _ok("SqlResult"), **ERRORS}}},
+        "/api/versions": {"get": {"summary": "Every version, tags and HEAD",
+                                  "responses": {"200": _ok("Versions"), **ERRORS}}},
+        "/api/diff": {"get": {"summary": "Documents added, removed, changed from a to b",
+                              "parameters": [
+                                  {"name": "a", "in": "query", "required": True,
+                                   "schema": {"type": "string"}},
+                                  {"name": "b", "in": "query", "required": False,
+                                   "schema": {"type": "string"}}],
+                              "responses": {"200": {"description": "OK"}, **ERRORS}}},
+        "/api/documents": {"get": {"summary": "A page of documents, or BM25 hits for q",
+                                   "parameters": [
+                                       {"name": "q", "in": "query", "schema": {"type": "string"}},
+                                       {"name": "offset", "in": "query",
+                                        "schema": {"type": "integer"}},
+                                       {"name": "limit", "in": "query",
+                                        "schema": {"type": "integer", "maximum": s.max_page}},
+                                       version_param],
+                                   "responses": {"200": _ok("DocumentPage"), **ERRORS}}},
+        "/api/documents/{id}": {"get": {"summary": "One document",
+                                        "parameters": [{"name": "id", "in": "path",
+                                                        "required": True,
+                                                        "schema": {"type": "string"}},
+                                                       version_param],
+                                        "responses": {"200": _ok("Document"),
+                                                      "404": _ok("Error"), **ERRORS}}},
+    }
+    if s.write:
+        paths["/api/documents"]["post"] = {
+            "summary": "Add documents (a new version)", "requestBody": _json_body("AddRequest"),
+            "responses": {"201": _ok("VersionId"), **ERRORS}}
+        paths["/api/documents/{id}"]["delete"] = {
+            "summary": "Delete a document (a new version)",
+            "parameters": [{"name": "id", "in": "path", "required": True,
+                            "schema": {"type": "string"}}],
+            "responses": {"200": _ok("VersionId"), **ERRORS}}
+        paths["/api/tags"] = {"post": {"summary": "Name a version",
+                                       "requestBody": _json_body("TagRequest"),
+                                       "responses": {"200": _ok("VersionId"), **ERRORS}}}
+    doc: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {"title": "npmdb", "version": "0.1.0",
+                 "description": "Masked-span queries, classification and SQL over an npmdb "
+                                "database. Errors: {\"error\": {type, message, line?, column?}}."},
+        "paths": paths,
+        "components": {"schemas": schemas},
+    }
+    if s.token:
+        doc["components"]["securitySchemes"] = {"token": {"type": "http", "scheme": "bearer"}}
+        doc["security"] = [{"token": []}]
+    return doc

@@ -1,0 +1,463 @@
+"""``npmdb shell DB``: an interactive SQL prompt, in the manner of ``sqlite3`` and ``duckdb``.
+
+Statements end with ``;`` and may span lines; lines starting with ``.`` are shell commands
+(``.help`` lists them). On a terminal the prompt has history (kept across sessions in
+``$NPMDB_HISTORY``, else ``$XDG_STATE_HOME/npmdb/history``, else
+``~/.local/state/npmdb/history``) and keyword completion. When standard input is not a
+terminal the statements are read from it, results printed, and the exit status is 1 after
+the first error (which stops the run), else 0.
+
+Only the public API is used: ``Database.sql``, ``versions``, ``checkout``; ``.checkout``
+writes ``AS OF`` after the FROM source of statements that name no version (a textual
+insertion: the statement is otherwise run as typed, so error positions before it hold).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterable, TextIO
+
+from .errors import Error, ProgrammingError
+
+__all__ = ["Shell", "split_statements", "history_path", "main"]
+
+KEYWORDS = (
+    "SELECT", "FROM", "WHERE", "GROUP", "BY", "ORDER", "LIMIT", "OFFSET", "USING", "WITH",
+    "AS", "OF", "AND", "OR", "NOT", "IN", "LIKE", "BETWEEN", "IS", "NULL", "TRUE", "FALSE",
+    "ASC", "DESC", "EXPLAIN", "ANALYZE", "SHOW", "VERSIONS", "TAGS", "MASKED", "TOKENS",
+    "CLASSIFY", "EVIDENCE", "SEARCH", "DOCUMENTS", "LABELS",
+)
+WORDS = ("phrase", "score", "support", "tokens", "length", "rank", "evidence", "doc_id",
+         "title", "start", "end", "snippet", "version", "generation", "label", "text", "id",
+         "meta", "block", "dense", "bm25", "hybrid", "exact", "blocks", "max_len", "tau",
+         "alpha", "mode", "scoring", "clean_edges", "no_stopwords", "doc.title", "doc.id",
+         "doc.text", "lower", "upper", "abs", "round", "coalesce")
+MODES = ("table", "json", "csv", "line")
+_WORD = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
+
+HELP = """\
+.checkout REF        query version REF (an id or a tag) until .checkout HEAD
+.explain [on|off]    print the plan with rows and ms per operator after each result
+.help                show this message
+.mode MODE           output mode: table, json, csv or line
+.quit                exit (also .exit, or end of input)
+.tags                list tags
+.timer on|off        print the time each statement takes
+.versions            list versions
+Statements end with ';' and may span lines. See query/GRAMMAR.md for the language."""
+
+
+def history_path() -> Path:
+    """Where the prompt's history is kept across sessions."""
+    if os.environ.get("NPMDB_HISTORY"):
+        return Path(os.environ["NPMDB_HISTORY"])
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "npmdb" / "history"
+
+
+def split_statements(text: str) -> tuple[list[str], str]:
+    """Split ``text`` at top-level ``;`` (not inside quotes or comments).
+
+    Returns the complete statements (each with its ``;``) and the unfinished rest."""
+    out: list[str] = []
+    start = i = 0
+    n = len(text)
+    while i < n:
+        c = text[i]
+        if c in "'\"":
+            j = i + 1
+            while j < n:
+                if text[j] == c:
+                    if j + 1 < n and text[j + 1] == c:  # doubled quote inside
+                        j += 2
+                        continue
+                    break
+                j += 1
+            i = j + 1
+            continue
+        if text.startswith("--", i):
+            j = text.find("\n", i)
+            i = n if j == -1 else j + 1
+            continue
+        if text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            i = n if j == -1 else j + 2
+            continue
+        if c == ";":
+            out.append(text[start:i + 1])
+            start = i + 1
+        i += 1
+    return out, text[start:]
+
+
+def _is_blank(sql: str) -> bool:
+    """True for text that holds nothing but white space, comments and semicolons."""
+    i = 0
+    while (i := _skip(sql, i)) < len(sql):
+        if sql[i] != ";":
+            return False
+        i += 1
+    return True
+
+
+def _cell(v: Any, width: int | None = None) -> str:
+    if v is None:
+        s = "NULL"
+    elif isinstance(v, float):
+        s = f"{v:.4f}"
+    elif isinstance(v, (list, dict, tuple)):
+        s = json.dumps(v, ensure_ascii=False, default=str)
+    else:
+        s = str(v)
+    s = s.replace("\n", " ")
+    if width is not None and len(s) > width:
+        s = s[:width - 1] + "…"
+    return s
+
+
+def format_table(columns: Iterable[str], rows: Iterable[Iterable[Any]], *,
+                 max_width: int = 60) -> str:
+    """Rows as an aligned table with a header rule; numbers right-aligned."""
+    columns = list(columns)
+    rows = [list(r) for r in rows]
+    cells = [[_cell(v, max_width) for v in r] for r in rows]
+    numeric = [bool(rows) and all(isinstance(r[i], (int, float)) and not isinstance(r[i], bool)
+                                  for r in rows if r[i] is not None)
+               for i in range(len(columns))]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+
+    def line(vals: list[str]) -> str:
+        return "│ " + " │ ".join(v.rjust(w) if num else v.ljust(w)
+                                 for v, w, num in zip(vals, widths, numeric)) + " │"
+
+    top = "┌─" + "─┬─".join("─" * w for w in widths) + "─┐"
+    mid = "├─" + "─┼─".join("─" * w for w in widths) + "─┤"
+    bot = "└─" + "─┴─".join("─" * w for w in widths) + "─┘"
+    body = [line(r) for r in cells]
+    head = "│ " + " │ ".join(c.ljust(w) for c, w in zip(columns, widths)) + " │"
+    return "\n".join([top, head, mid, *body, bot])
+
+
+def format_rows(columns: list[str], rows: list[tuple], mode: str) -> str:
+    """Rows in one of :data:`MODES`."""
+    if mode == "json":
+        return json.dumps([dict(zip(columns, r)) for r in rows], ensure_ascii=False,
+                          indent=1, default=str)
+    if mode == "csv":
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(columns)
+        for r in rows:
+            w.writerow([json.dumps(v, ensure_ascii=False, default=str)
+                        if isinstance(v, (list, dict, tuple)) else ("" if v is None else v)
+                        for v in r])
+        return buf.getvalue().rstrip("\n")
+    if mode == "line":
+        width = max((len(c) for c in columns), default=0)
+        blocks = ["\n".join(f"{c.rjust(width)} = {_cell(v)}" for c, v in zip(columns, r))
+                  for r in rows]
+        return "\n\n".join(blocks)
+    return format_table(columns, rows)
+
+
+def _result_rows(res: Any) -> tuple[list[str], list[tuple]]:
+    if res.columns is not None and res.rows is not None:
+        return list(res.columns), [tuple(r) for r in res.rows]
+    cols = ["text", "score", "support"]
+    return cols, [(a.text, a.score, a.support) for a in res.answers]
+
+
+_WORD = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
+
+
+def _skip(text: str, i: int) -> int:
+    """Past white space and comments from ``i``."""
+    n = len(text)
+    while i < n:
+        if text[i].isspace():
+            i += 1
+        elif text.startswith("--", i):
+            j = text.find("\n", i)
+            i = n if j == -1 else j + 1
+        elif text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            i = n if j == -1 else j + 2
+        else:
+            break
+    return i
+
+
+def _past_quoted(text: str, i: int) -> int:
+    q, n, j = text[i], len(text), i + 1
+    while j < n:
+        if text[j] == q:
+            if j + 1 < n and text[j + 1] == q:
+                j += 2
+                continue
+            return j + 1
+        j += 1
+    return n
+
+
+def with_version(statement: str, ref: int | str) -> str:
+    """``statement`` with ``AS OF ref`` after its FROM source when it names no version."""
+    text, i, n, depth = statement, 0, len(statement), 0
+    while i < n:
+        i = _skip(text, i)
+        if i >= n:
+            break
+        c = text[i]
+        if c in "'\"":
+            i = _past_quoted(text, i)
+        elif c == "(":
+            depth, i = depth + 1, i + 1
+        elif c == ")":
+            depth, i = depth - 1, i + 1
+        elif (m := _WORD.match(text, i)) and (i == 0 or not (text[i - 1].isalnum()
+                                                             or text[i - 1] in "_.:")):
+            i = m.end()
+            if depth or m.group().upper() != "FROM":
+                continue
+            j = _skip(text, i)
+            src = _WORD.match(text, j)
+            if not src:
+                return statement
+            end = src.end()
+            k = _skip(text, end)
+            if k < n and text[k] == "(":
+                d = 0
+                while k < n:
+                    if text[k] in "'\"":
+                        k = _past_quoted(text, k)
+                        continue
+                    if text[k] == "(":
+                        d += 1
+                    elif text[k] == ")":
+                        d -= 1
+                        if d == 0:
+                            k += 1
+                            break
+                    k += 1
+                end = k
+            nxt = _skip(text, end)
+            w1 = _WORD.match(text, nxt)
+            if w1 and w1.group().upper() == "AS":
+                w2 = _WORD.match(text, _skip(text, w1.end()))
+                if w2 and w2.group().upper() == "OF":
+                    return statement
+            lit = str(ref) if isinstance(ref, int) else "'" + str(ref).replace("'", "''") + "'"
+            return text[:end] + f" AS OF {lit}" + text[end:]
+        else:
+            i += 1
+    return statement
+
+
+class Shell:
+    """The shell's state and its commands; :meth:`run` drives one session."""
+
+    def __init__(self, db: Any, *, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> None:
+        self.db = db
+        self.out = out
+        self.err = err
+        self.mode = "table"
+        self.timer = False
+        self.explain = False
+        self.ref: int | str | None = None  # .checkout; None is HEAD
+
+    # -- output ----------------------------------------------------------------------
+
+    def echo(self, text: str = "") -> None:
+        print(text, file=self.out, flush=True)
+
+    def error(self, exc: BaseException | str) -> None:
+        if isinstance(exc, BaseException):
+            print(f"Error: {type(exc).__name__}: {exc}", file=self.err, flush=True)
+        else:
+            print(f"Error: {exc}", file=self.err, flush=True)
+
+    # -- statements ------------------------------------------------------------------
+
+    def execute(self, statement: str) -> bool:
+        """Run one statement or dot-command; False when it failed."""
+        text = statement.strip()
+        if not text or _is_blank(text):
+            return True
+        if text.startswith("."):
+            return self.command(text)
+        t0 = time.perf_counter()
+        try:
+            sql = with_version(text, self.ref) if self.ref is not None else text
+            res = self.db.sql(sql)
+        except Error as exc:
+            self.error(exc)
+            return False
+        ms = (time.perf_counter() - t0) * 1000
+        if res.columns == ("plan",):
+            self.echo(res.plan)
+        else:
+            cols, rows = _result_rows(res)
+            self.echo(format_rows(cols, rows, self.mode))
+            if self.explain and res.plan:
+                self.echo(res.plan)
+        if self.timer:
+            self.echo(f"Run Time: {ms:.1f} ms")
+        return True
+
+    def command(self, line: str) -> bool:
+        parts = line.split()
+        name, args = parts[0].lower(), parts[1:]
+        try:
+            if name in (".quit", ".exit"):
+                raise EOFError
+            if name == ".help":
+                self.echo(HELP)
+            elif name == ".mode":
+                if len(args) != 1 or args[0] not in MODES:
+                    raise ProgrammingError(f"usage: .mode {'|'.join(MODES)}")
+                self.mode = args[0]
+            elif name in (".timer", ".explain"):
+                flag = {"on": True, "off": False}.get(args[0].lower()) if args else (
+                    None if name == ".timer" else not self.explain)
+                if flag is None or len(args) > 1:
+                    raise ProgrammingError(f"usage: {name} on|off")
+                setattr(self, name[1:], flag)
+            elif name == ".versions":
+                vs = self.db.versions()
+                rows = [(v["id"], time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(v["time"])),
+                         v["parent"], ",".join(v["tags"]), v["docs"], v["tokens"],
+                         v["generation"], "*" if v["head"] else "", v["message"]) for v in vs]
+                self.echo(format_rows(["id", "time", "parent", "tags", "docs", "tokens",
+                                       "generation", "head", "message"], rows, self.mode))
+            elif name == ".tags":
+                rows = [(t, v["id"]) for v in self.db.versions() for t in v["tags"]]
+                self.echo(format_rows(["tag", "version"], rows, self.mode))
+            elif name == ".checkout":
+                if len(args) != 1:
+                    raise ProgrammingError("usage: .checkout REF (a version id, a tag, or HEAD)")
+                ref: int | str = args[0]
+                if ref.upper() == "HEAD":
+                    self.ref = None
+                    self.echo("querying HEAD")
+                else:
+                    ref = int(ref) if ref.isdigit() else ref
+                    view = self.db.checkout(ref)
+                    self.ref = view.version
+                    self.echo(f"querying version {view.version}")
+            else:
+                raise ProgrammingError(f"unknown command {name}; .help lists the commands")
+        except Error as exc:
+            self.error(exc)
+            return False
+        return True
+
+    def prompt(self) -> str:
+        at = "" if self.ref is None else f"@{self.ref}"
+        return f"npmdb{at}> "
+
+    # -- sessions --------------------------------------------------------------------
+
+    def run_script(self, source: TextIO) -> int:
+        """Statements from a file or pipe: 0, or 1 after the first error (which stops)."""
+        buf = ""
+        try:
+            for line in source:
+                if not buf.strip() and line.lstrip().startswith("."):
+                    if not self.execute(line):
+                        return 1
+                    continue
+                buf += line
+                stmts, buf = split_statements(buf)
+                for s in stmts:
+                    if not self.execute(s):
+                        return 1
+            if buf.strip() and not self.execute(buf):
+                return 1
+        except EOFError:  # .quit
+            pass
+        return 0
+
+    def run_interactive(self) -> int:
+        """The prompt, with readline history and completion where readline exists."""
+        rl = _setup_readline()
+        self.echo(f"npmdb shell on {self.db.path} — .help for commands, .quit to leave")
+        buf = ""
+        try:
+            while True:
+                try:
+                    line = input(self.prompt() if not buf else "   ...> ")
+                except KeyboardInterrupt:
+                    print(file=self.out)
+                    buf = ""
+                    continue
+                if not buf.strip() and line.lstrip().startswith("."):
+                    self.execute(line)
+                    continue
+                buf += line + "\n"
+                stmts, buf = split_statements(buf)
+                for s in stmts:
+                    self.execute(s)
+                if not buf.strip():
+                    buf = ""
+        except EOFError:
+            print(file=self.out)
+        finally:
+            if rl is not None:
+                with _quiet():
+                    path = history_path()
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    rl.set_history_length(5000)
+                    rl.write_history_file(str(path))
+        return 0
+
+
+class _quiet:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return exc[0] is not None and issubclass(exc[0], OSError)
+
+
+def _completer(text: str, state: int) -> str | None:
+    words = [w for w in KEYWORDS if w.startswith(text.upper())]
+    words = [w if text[:1].isupper() or not text else w.lower() for w in words]
+    words += [w for w in WORDS if w.startswith(text)]
+    if text.startswith("."):
+        words = [c for c in (".checkout", ".exit", ".explain", ".help", ".mode", ".quit",
+                             ".tags", ".timer", ".versions") if c.startswith(text)]
+    return words[state] if state < len(words) else None
+
+
+def _setup_readline():
+    try:
+        import readline
+    except ImportError:  # pragma: no cover - Windows without pyreadline
+        return None
+    with _quiet():
+        readline.read_history_file(str(history_path()))
+    readline.set_completer(_completer)
+    readline.set_completer_delims(" \t\n(),;=<>'\"")
+    if "libedit" in (readline.__doc__ or ""):
+        readline.parse_and_bind("bind ^I rl_complete")
+    else:
+        readline.parse_and_bind("tab: complete")
+    return readline
+
+
+def main(db_path: str, *, stdin: TextIO | None = None) -> int:
+    """Open ``db_path`` read-only and run the shell on standard input."""
+    import npmdb
+
+    stdin = stdin or sys.stdin
+    with npmdb.open(db_path, create=False, readonly=True, progress=False) as db:
+        shell = Shell(db)
+        if stdin.isatty():
+            return shell.run_interactive()
+        return shell.run_script(stdin)

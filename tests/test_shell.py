@@ -1,0 +1,147 @@
+"""`npmdb shell`: statement splitting, output modes, piped stdin, and a real terminal (pty)."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+
+import pytest
+
+from npmdb.shell import Shell, format_rows, split_statements, with_version
+
+Q = "'Doha is the capital of [MASK].'"
+
+
+def run_piped(db_path, text, tmp_path):
+    env = dict(os.environ, NPMDB_HISTORY=str(tmp_path / "hist"))
+    return subprocess.run([sys.executable, "-m", "npmdb", "shell", str(db_path)], input=text,
+                          capture_output=True, text=True, timeout=180, env=env)
+
+
+def test_split_statements():
+    stmts, rest = split_statements("SELECT 'a;b' FROM x; -- c;\nSELECT \"q;\" /* ; */ ;SEL")
+    assert stmts == ["SELECT 'a;b' FROM x;", " -- c;\nSELECT \"q;\" /* ; */ ;"]
+    assert rest == "SEL"
+    assert split_statements("SELECT 'it''s;' ;") == (["SELECT 'it''s;' ;"], "")
+
+
+@pytest.mark.parametrize("statement,ref,want", [
+    ("SELECT id FROM DOCUMENTS LIMIT 1", 1, "SELECT id FROM DOCUMENTS AS OF 1 LIMIT 1"),
+    ("SELECT id FROM documents() WHERE x", "v'1", "SELECT id FROM documents() AS OF 'v''1' WHERE x"),
+    ("SELECT phrase FROM MASKED('a (FROM) [MASK]') USING bm25", 3,
+     "SELECT phrase FROM MASKED('a (FROM) [MASK]') AS OF 3 USING bm25"),
+    ("EXPLAIN SELECT p FROM CLASSIFY('x', LABELS(a=('b', 'c'))) LIMIT 2;", "t",
+     "EXPLAIN SELECT p FROM CLASSIFY('x', LABELS(a=('b', 'c'))) AS OF 't' LIMIT 2;"),
+    ("SELECT id FROM DOCUMENTS as  of 1", 5, "SELECT id FROM DOCUMENTS as  of 1"),
+    ("SHOW TAGS", 1, "SHOW TAGS"),
+    ('SELECT "from" FROM /* c */ DOCUMENTS -- x\n LIMIT 1', 1,
+     'SELECT "from" FROM /* c */ DOCUMENTS AS OF 1 -- x\n LIMIT 1'),
+    ("SELECT doc.from_x FROM SEARCH(:q)", 1, "SELECT doc.from_x FROM SEARCH(:q) AS OF 1"),
+])
+def test_checkout_adds_as_of(statement, ref, want):
+    assert with_version(statement, ref) == want
+
+
+def test_output_modes():
+    cols, rows = ["phrase", "score"], [("Qatar", 0.5), ("a,b", 1.25)]
+    table = format_rows(cols, rows, "table").splitlines()
+    assert table[1].startswith("│ phrase") and "0.5000 │" in table[3]
+    assert len({len(line) for line in table}) == 1  # aligned
+    assert format_rows(cols, rows, "csv") == 'phrase,score\nQatar,0.5\n"a,b",1.25'
+    assert '"phrase": "Qatar"' in format_rows(cols, rows, "json")
+    assert format_rows(cols, rows, "line").splitlines()[:2] == ["phrase = Qatar",
+                                                                " score = 0.5000"]
+
+
+def test_commands_in_process(versioned_db_path):
+    import npmdb
+
+    out, err = io.StringIO(), io.StringIO()
+    with npmdb.open(versioned_db_path, readonly=True, progress=False) as db:
+        sh = Shell(db, out=out, err=err)
+        script = (".mode csv\n.timer on\n.explain on\n"
+                  f"SELECT phrase FROM MASKED({Q}) USING bm25 LIMIT 1;\n"
+                  ".explain off\n.timer off\n.tags\n.versions\n"
+                  ".checkout first\nSELECT count(*) FROM DOCUMENTS;\n")
+        assert sh.run_script(io.StringIO(script)) == 1  # count(*) is not in the dialect
+        text = out.getvalue()
+        assert "phrase\n" in text and "Run Time:" in text and "BM25Blocks" in text
+        assert "tag,version\nfirst,1" in text and "querying version 1" in text
+        assert "Error:" in err.getvalue()
+        assert sh.ref == 1
+        sh.out = out = io.StringIO()
+        sh.run_script(io.StringIO("SELECT id FROM DOCUMENTS LIMIT 1000;\n.checkout HEAD\n"
+                                  "SELECT id FROM DOCUMENTS LIMIT 1000;"))
+        lines = out.getvalue().splitlines()
+        assert lines.count("id") == 2 and len(lines) == 2 + 300 + 1 + 400
+        for bad in (".mode xml", ".timer maybe", ".checkout", ".frobnicate", ".checkout nope"):
+            assert sh.execute(bad) is False
+        assert sh.execute(".help") and sh.execute("  ") and sh.execute("-- only a comment;")
+
+
+def test_piped_stdin_prints_a_table_and_exits_0(versioned_db_path, tmp_path):
+    p = run_piped(versioned_db_path,
+                  f"SELECT phrase, score, support\n  FROM MASKED({Q})\n  USING bm25 LIMIT 3;\n"
+                  "SHOW TAGS;\n", tmp_path)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[1].split() == ["│", "phrase", "│", "score", "│", "support", "│"]
+    assert "│ first │" in p.stdout
+    assert p.stderr == ""
+
+
+def test_piped_stdin_error_exits_1_with_caret(versioned_db_path, tmp_path):
+    p = run_piped(versioned_db_path, "SELECT id FROM DOCUMENTS LIMIT 1;\n"
+                                     "SELECT phrase\nFROM MASKED('a [MASK]')\nORDER score;\n"
+                                     "SELECT id FROM DOCUMENTS LIMIT 1;\n", tmp_path)
+    assert p.returncode == 1
+    assert "line 3, column 7" in p.stderr
+    caret = p.stderr.splitlines()
+    i = next(n for n, line in enumerate(caret) if line.strip() == "ORDER score;")
+    assert caret[i + 1].index("^") == caret[i].index("score")
+    assert p.stdout.count("│ id") == 1  # the statement after the error did not run
+
+
+def test_terminal_session_history_and_completion(versioned_db_path, tmp_path):
+    pexpect = pytest.importorskip("pexpect")
+    env = dict(os.environ, NPMDB_HISTORY=str(tmp_path / "state" / "history"), TERM="xterm")
+
+    def spawn():
+        child = pexpect.spawn(sys.executable, ["-m", "npmdb", "shell", str(versioned_db_path)],
+                              env=env, encoding="utf-8", timeout=120, dimensions=(40, 200))
+        child.expect_exact("npmdb> ")
+        return child
+
+    child = spawn()
+    child.sendline("SELECT id, title")              # a statement over three lines
+    child.expect_exact("...> ")
+    child.sendline("  FROM DOCUMENTS WHERE id = 'freedict-eng-jpn:8705'")
+    child.expect_exact("...> ")
+    child.sendline(";")
+    child.expect("ドーハ")
+    child.expect_exact("npmdb> ")
+    child.sendline("SELEC id FROM DOCUMENTS;")      # a parse error, then the prompt again
+    child.expect_exact("did you mean SELECT?")
+    child.expect_exact("^")
+    child.expect_exact("npmdb> ")
+    child.send("SHOW TA\t")                          # keyword completion: TA -> TAGS
+    child.send(";\r")
+    child.expect_exact("first")
+    child.expect_exact("npmdb> ")
+    child.sendline(".checkout first")
+    child.expect_exact("npmdb@1> ")
+    child.sendline(".quit")
+    child.expect(pexpect.EOF)
+    child.close()
+    hist = (tmp_path / "state" / "history").read_text()
+    assert "SHOW TAGS;" in hist and ".checkout first" in hist
+
+    child = spawn()                                  # history from the last session
+    child.send("\x1b[A")                             # up: .quit
+    child.send("\x1b[A")                             # up: .checkout first
+    child.send("\r")
+    child.expect_exact("npmdb@1> ")
+    child.sendeof()
+    child.expect(pexpect.EOF)
