@@ -52,8 +52,21 @@ def base_encoder_path() -> Path:
 
 
 def default_encoder_path() -> Path:
-    """The encoder new databases use: the base encoder (see :func:`base_encoder_path`)."""
+    """The encoder new databases use: npmdb's shipped encoder (the base trained by
+    ``npmdb.train``; :func:`shipped_encoder_dir`), else the untrained base."""
+    shipped = shipped_encoder_dir()
+    if (shipped / "config.json").exists() and (shipped / "model.safetensors").exists():
+        return shipped
     return base_encoder_path()
+
+
+BASE_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+# Names accepted wherever an encoder path is: the untrained base and the shipped encoder.
+ENCODER_NAMES = {
+    "base": base_encoder_path, "all-MiniLM-L6-v2": base_encoder_path,
+    BASE_NAME: base_encoder_path,
+    "default": default_encoder_path, "npmdb/all-MiniLM-L6-v2-npm": shipped_encoder_dir,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +122,12 @@ def fingerprint_dir(path: Path) -> str:
 
 
 def _resolve_path(path: str | os.PathLike | None) -> Path:
-    p = default_encoder_path() if path is None else Path(path).expanduser()
+    if path is None:
+        p = default_encoder_path()
+    elif isinstance(path, str) and path in ENCODER_NAMES:
+        p = ENCODER_NAMES[path]()
+    else:
+        p = Path(path).expanduser()
     if not p.is_dir() or not (p / "config.json").exists():
         raise OperationalError(
             f"encoder directory {str(p)!r} has no config.json: pass a local Hugging Face "
@@ -126,7 +144,7 @@ def describe(path: str | os.PathLike | None, fingerprint: str | None = None) -> 
     config = json.loads((p / "config.json").read_text())
     name = config.get("_name_or_path") or p.name
     if p.name == "model" and DEFAULT_ENCODER_PACKAGE in str(p):
-        name = "sentence-transformers/all-MiniLM-L6-v2"
+        name = BASE_NAME
     return EncoderInfo(name=str(name), path=str(p), fingerprint=fingerprint or fingerprint_dir(p),
                        hidden_size=int(config.get("hidden_size") or config.get("dim")),
                        model_type=str(config.get("model_type", "")))

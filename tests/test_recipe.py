@@ -103,3 +103,11 @@ def test_train_and_export_stages_ship_a_loadable_fp16_checkpoint(tiny_db_path, t
     enc = Encoder(target)
     assert enc.info.name == recipe.SHIPPED_NAME
     assert enc.encode_query("Paris is the capital of [MASK].").start is not None
+
+
+def test_the_base_encoder_stays_selectable_by_name():
+    from npmdb.encoder import BASE_NAME, base_encoder_path, describe
+
+    for name in ("base", BASE_NAME):
+        info = describe(name)
+        assert info.name == BASE_NAME and info.path == str(base_encoder_path().resolve())
