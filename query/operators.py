@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, TypeVar
 import numpy as np
 
 from npmdb.storage.bm25 import analyze, global_idf
-from npmdb.storage.format import VALID_END, VALID_START
+from npmdb.storage.format import VALID_END, VALID_START, WORD_END, WORD_START
 
 from .text import MASK_PATTERN
 
@@ -31,6 +31,13 @@ __all__ = [
 ]
 
 SIDE_FLAGS = {"start": VALID_START, "end": VALID_END, "token": VALID_START | VALID_END}
+# Any word's edges: closed-set classification scores label words even when they are
+# stopwords ("yes" / "no"), which clean candidates (and the ANN indexes) leave out.
+WORD_SIDE_FLAGS = {"start": WORD_START, "end": WORD_END, "token": WORD_START | WORD_END}
+
+
+def side_flags(side: str, any_word: bool) -> int:
+    return (WORD_SIDE_FLAGS if any_word else SIDE_FLAGS)[side]
 
 
 @dataclass
@@ -270,9 +277,10 @@ def _fmt(**kw) -> str:
 class EncodeQuery(Operator):
     mode: str
     children: tuple = ()
+    any_word: bool = False  # every word's edges, stopwords included (classify)
 
     def detail(self) -> str:
-        return _fmt(mode=self.mode)
+        return _fmt(mode=self.mode) + (", words: any" if self.any_word else "")
 
     def run(self, st: ExecState) -> QueryVectors:
         if st.encode is not None:
@@ -366,9 +374,11 @@ class ExactTopK(Operator):
     k: int
     children: tuple = ()
     docs: str = ""  # the document filter, for EXPLAIN (the snapshot applies it)
+    any_word: bool = False  # every word's edges, stopwords included (classify)
 
     def detail(self) -> str:
         return _fmt(side=self.side, k=self.k, index="exact scan") + (
+            ", words: any" if self.any_word else "") + (
             f", docs: {self.docs} (masked)" if self.docs else "")
 
     def run(self, st: ExecState) -> Candidates:
@@ -378,7 +388,7 @@ class ExactTopK(Operator):
         found = []
         for si, seg in enumerate(snap.segments):
             cols = seg.columns(snap.txn)
-            mask = (cols.flags & SIDE_FLAGS[self.side]) != 0
+            mask = (cols.flags & side_flags(self.side, self.any_word)) != 0
             allowed = snap.allowed_docs(si)
             if allowed is not None:
                 mask &= allowed[cols.doc_of(np.arange(cols.n_tokens))]
@@ -426,9 +436,10 @@ class BlockTokens(Operator):
 
     mode: str
     children: tuple = ()
+    any_word: bool = False  # every word's edges, stopwords included (classify)
 
     def detail(self) -> str:
-        return _fmt(mode=self.mode)
+        return _fmt(mode=self.mode) + (", words: any" if self.any_word else "")
 
     def run(self, st: ExecState) -> Candidates:
         n = 0
@@ -439,7 +450,7 @@ class BlockTokens(Operator):
                 cols = st.snapshot.segments[si].columns()
                 pos = np.arange(cols.block_ptr[block], cols.block_ptr[block + 1], dtype=np.int64)
                 for side in sides:
-                    sel = pos[(cols.flags[pos] & SIDE_FLAGS[side]) != 0]
+                    sel = pos[(cols.flags[pos] & side_flags(side, self.any_word)) != 0]
                     prev = found[side].get(si)
                     found[side][si] = sel if prev is None else np.union1d(prev, sel)
                 n += len(pos)

@@ -20,6 +20,7 @@ from .operators import BlockTokens, BM25Blocks, DenseTopK, EncodeQuery, ExactTop
 from .plan import Plan
 from .rows import BlockRows, Project
 from .spec import ClassifySpec, MaskedSpec
+from .text import STOPWORDS, fold
 
 __all__ = ["plan_masked", "plan_classify", "plan_search", "SEARCH_COLUMNS"]
 
@@ -27,26 +28,44 @@ __all__ = ["plan_masked", "plan_classify", "plan_search", "SEARCH_COLUMNS"]
 SEARCH_COLUMNS = ("doc_id", "title", "block", "score", "snippet")
 
 
+def stopword_labels(spec) -> bool:
+    """True if a label of a classify spec starts or ends with a stopword ("yes", "no"):
+    the clean candidates and the ANN indexes hold no such word, so retrieval must look at
+    every word (an exact scan for dense retrieval; EXPLAIN shows ``words: any``)."""
+    if not isinstance(spec, ClassifySpec):
+        return False
+    edges = [(ws[0], ws[-1]) for _, words in spec.labels for w in words
+             if (ws := fold(w).split())]
+    return any(a in STOPWORDS or b in STOPWORDS for a, b in edges)
+
+
 def _retrieval(spec, sides: tuple[str, ...]) -> Operator:
     enc = EncodeQuery(spec.mode)
     docs = spec.doc_filter.describe if spec.doc_filter is not None else ""
+    any_word = stopword_labels(spec)
     dense: list[Operator] = []
     if spec.retrieval in ("dense", "hybrid"):
-        cls = ExactTopK if spec.exact else DenseTopK
-        dense = [cls(side, spec.k, children=(enc,), docs=docs) for side in sides]
+        if spec.exact or any_word:
+            dense = [ExactTopK(side, spec.k, children=(enc,), docs=docs, any_word=any_word)
+                     for side in sides]
+        else:
+            dense = [DenseTopK(side, spec.k, children=(enc,), docs=docs) for side in sides]
     lexical: list[Operator] = []
     if spec.retrieval in ("bm25", "hybrid"):
         bm25 = BM25Blocks(spec.blocks, docs=docs)
-        lexical = [BlockTokens(spec.mode, children=(bm25,))]
+        lexical = [BlockTokens(spec.mode, children=(bm25,), any_word=any_word)]
         if not dense:
-            lexical = [BlockTokens(spec.mode, children=(bm25, enc))]
+            lexical = [BlockTokens(spec.mode, children=(bm25, enc), any_word=any_word)]
     return tuple(dense + lexical)  # type: ignore[return-value]
 
 
 def _candidates(spec) -> Operator:
     if spec.mode == "phrase":
+        # label words are matched by their text, so a classify span may start or end on
+        # any word when a label needs it
+        clean = spec.clean_edges and not stopword_labels(spec)
         return ScoreSpans(getattr(spec, "tau", 1.0), getattr(spec, "scoring", "npm"), children=(
-            AssembleSpans(spec.max_len, spec.clean_edges, getattr(spec, "no_stopwords", False),
+            AssembleSpans(spec.max_len, clean, getattr(spec, "no_stopwords", False),
                           children=_retrieval(spec, ("start", "end"))),))
     return ScoreTokens(spec.tau, children=_retrieval(spec, ("token",)))
 

@@ -7,7 +7,7 @@ import re
 
 from npmdb.errors import ProgrammingError
 
-__all__ = ["MASK_PATTERN", "split_mask", "fold", "fold_view"]
+__all__ = ["MASK_PATTERN", "STOPWORDS", "split_mask", "fold", "fold_view"]
 
 MASK_PATTERN = re.compile(r"\[MASK\]|<mask>", re.IGNORECASE)
 
@@ -44,3 +44,17 @@ def fold_view(text: str) -> str | None:
     if len(folded) != len(text) or " ".join(text.split()) != text.strip():
         return None
     return folded
+
+
+# English stopwords (the NLTK list, which NPM's released code also used).
+STOPWORDS: frozenset[str] = frozenset("""
+i me my myself we our ours ourselves you your yours yourself yourselves he him his himself
+she her hers herself it its itself they them their theirs themselves what which who whom
+this that these those am is are was were be been being have has had having do does did
+doing a an the and but if or because as until while of at by for with about against
+between into through during before after above below to from up down in out on off over
+under again further then once here there when where why how all any both each few more
+most other some such no nor not only own same so than too very s t can will just don
+should now d ll m o re ve y ain aren couldn didn doesn hadn hasn haven isn ma mightn
+mustn needn shan shouldn wasn weren won wouldn
+""".split())

@@ -67,3 +67,32 @@ def test_answers_do_not_cross_clause_punctuation(tmp_path, tiny_encoder):
                     seen += 1
                     assert not re.search(r"[,;:!?()]|\.\s", a.text), a.text
         assert seen > 20
+
+
+YES_NO = [
+    {"id": "q1", "title": "Sky", "text": "Is the sky green? No, the sky is blue."},
+    {"id": "q2", "title": "Grass", "text": "Is the grass green? Yes, the grass is green."},
+    {"id": "q3", "title": "Snow", "text": "Is snow hot? No. Snow is cold, and no one doubts it."},
+]
+
+
+@pytest.mark.parametrize("retrieval, exact", [("bm25", False), ("dense", False),
+                                               ("dense", True), ("hybrid", False)])
+def test_classify_scores_a_stopword_label(tmp_path, tiny_encoder, retrieval, exact):
+    """NPM's RTE prompts answer "yes" / "no"; "no" is a stopword, which clean candidates
+    (and the ANN indexes) leave out, so it used to score 0 whatever the corpus said."""
+    import npmdb
+
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:
+        db.add(YES_NO)
+        res = db.classify("Is the sky green? [MASK].", {"yes": ["yes"], "no": ["no"]},
+                          retrieval=retrieval, exact=exact, k=64)
+        scores = {a.text: a.score for a in res}
+        assert scores["no"] > 0 and scores["yes"] > 0, scores
+        assert "words: any" in res.plan
+        if retrieval != "bm25":
+            assert "exact scan" in res.plan          # the ANN indexes hold no stopwords
+        # a label that is no stopword keeps the clean plan
+        res = db.classify("Is the sky green? [MASK].", {"pos": ["blue"], "neg": ["cold"]},
+                          retrieval=retrieval, exact=exact, k=64)
+        assert "words: any" not in res.plan
