@@ -43,19 +43,25 @@ def evaluate_cloze(db, rows: list[dict], mode: str, *, max_len: int = 10, versio
             "seconds": time.time() - t0}
 
 
-def evaluate_sentiment(db, rows: list[dict], *, version=None, k: int = 1024,
+def evaluate_sentiment(db, rows: list[dict], *, version=None, k: int | None = None,
                        retrieval: str = "dense") -> dict:
-    correct = abstained = 0
+    """Accuracy as NPM scores it, and with contextual calibration (``calibrate=True``)."""
+    correct = abstained = correct_cal = 0
+    kw = {"k": k} if k else {}
     t0 = time.time()
     for r in rows:
         labels = {"positive": ["great"], "negative": ["terrible"]}
-        res = db.classify(r["query"], labels, k=k, retrieval=retrieval, version=version,
-                          evidence=0)
+        res = db.classify(r["query"], labels, retrieval=retrieval, version=version,
+                          evidence=0, **kw)
         pred = res.top.text if res.top and res.top.score > 0 else None
         abstained += pred is None   # neither label word among the k retrieved candidates
         correct += pred == r["label"]
-    return {"mode": retrieval, "n": len(rows), "accuracy": 100.0 * correct / max(len(rows), 1),
-            "abstained": abstained,
+        cal = db.classify(r["query"], labels, retrieval=retrieval, version=version,
+                          evidence=0, calibrate=True, **kw)
+        correct_cal += (cal.top.text if cal.top and pred is not None else None) == r["label"]
+    n = max(len(rows), 1)
+    return {"mode": retrieval, "n": len(rows), "accuracy": 100.0 * correct / n,
+            "accuracy_calibrated": 100.0 * correct_cal / n, "abstained": abstained,
             "seconds": time.time() - t0}
 
 
@@ -140,7 +146,8 @@ def main(argv=None) -> int:
                 sdb.add([{"id": r["id"], "text": r["text"]} for r in train_rows])
             rows = load_jsonl(data / "sentiment_test.jsonl")
             rows = rows[: args.limit] if args.limit else rows
-            out["tasks"]["sentiment"] = {"dense": evaluate_sentiment(sdb, rows, version=None)}
+            out["tasks"]["sentiment"] = {"dense": evaluate_sentiment(sdb, rows, version=None,
+                                                                     k=args.k)}
     md = render(out)
     name = args.name or (f"quality-{data.name}" + (f"-{args.version}" if args.version else "")
                          + (f"-{args.split}" if args.split != "all" else ""))
@@ -165,7 +172,9 @@ def render(out: dict) -> str:
                          + (f"{rel:.1f}" if rel is not None else "–") + " | "
                          + " | ".join(cells) + f" | {r['seconds']:.0f} |")
     for mode, r in out["tasks"].get("sentiment", {}).items():
-        lines.append(f"| sentiment (accuracy; {r.get('abstained', 0)} abstained) | {mode} | {r['n']} | "
+        cal = r.get("accuracy_calibrated")
+        lines.append(f"| sentiment (accuracy; {r.get('abstained', 0)} abstained"
+                     + (f"; calibrated {cal:.1f}" if cal is not None else "") + f") | {mode} | {r['n']} | "
                      f"{r['accuracy']:.1f} | | | | | | | "
                      f"{r['seconds']:.0f} |")
     for task in ("cloze", "translation"):

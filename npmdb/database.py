@@ -10,6 +10,7 @@ needs are written and fsynced.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from contextlib import contextmanager, suppress
@@ -25,6 +26,7 @@ from .errors import InterfaceError, OperationalError, ProgrammingError
 from .progress import bar_factory
 from .result import Result
 from .snapshot import Snapshot, history
+from npmdb.query import calibration
 from npmdb.query.context import ExecContext
 from npmdb.query.executor import execute
 from npmdb.query.plan import Plan
@@ -284,16 +286,25 @@ class Database:
 
     def classify(self, query: str, labels: Mapping[str, str | Iterable[str]], *,
                  tau: float = 5.0, k: int = DEFAULT_K, mode: str = "phrase",
-                 retrieval: str = "dense", **options: Any) -> Result:
+                 retrieval: str = "dense", calibrate: bool = False, **options: Any) -> Result:
         """Closed-set classification: each label's score sums exp-similarities of the
-        retrieved candidates whose text is one of its words (DESIGN.md section 1)."""
+        retrieved candidates whose text is one of its words (DESIGN.md section 1).
+
+        ``calibrate=True``: divide each label's probability by its probability for the
+        sentence holding the mask alone (contextual calibration; one more query), so a
+        label word that is merely frequent in the corpus does not always win."""
         check_options(ClassifySpec, options)
         if not isinstance(labels, Mapping):
             raise ProgrammingError("labels must be a dict of label -> word or list of words")
         norm = tuple((str(lbl), (w,) if isinstance(w, str) else tuple(w))
                      for lbl, w in labels.items())
         spec = ClassifySpec(query, norm, tau=tau, k=k, mode=mode, retrieval=retrieval, **options)
-        return self.run_classify(spec)
+        res = self.run_classify(spec)
+        template = calibration.content_free(query) if calibrate else None
+        if template is None:
+            return res
+        prior = self.run_classify(dataclasses.replace(spec, text=template, evidence=0))
+        return calibration.calibrate(res, prior)
 
     def run_classify(self, spec: ClassifySpec, **plan_args: Any) -> Result:
         split_mask(spec.text)

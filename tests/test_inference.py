@@ -96,3 +96,40 @@ def test_classify_scores_a_stopword_label(tmp_path, tiny_encoder, retrieval, exa
         res = db.classify("Is the sky green? [MASK].", {"pos": ["blue"], "neg": ["cold"]},
                           retrieval=retrieval, exact=exact, k=64)
         assert "words: any" not in res.plan
+
+
+def test_content_free_is_the_sentence_holding_the_mask():
+    from npmdb.query.calibration import content_free
+
+    assert content_free("A gorgeous, witty film. It was [MASK].") == "It was [MASK]."
+    assert content_free("Dull! Slow? The movie was [MASK] overall.") == \
+        "The movie was [MASK] overall."
+    assert content_free("The movie was [MASK].") is None          # nothing to remove
+
+
+def test_calibration_divides_by_the_templates_prior():
+    from npmdb.query.calibration import calibrate
+    from npmdb.query.result import Answer, Result
+
+    def result(q, great, terrible):
+        return Result((Answer("positive", great, 3), Answer("negative", terrible, 1)), query=q)
+
+    # the review leans "great" 0.6 : 0.4, but the template alone gives 0.9 : 0.1
+    res = calibrate(result("Bad. It was [MASK].", 6.0, 4.0), result("It was [MASK].", 9.0, 1.0))
+    assert [a.text for a in res.answers] == ["negative", "positive"]
+    assert abs(sum(a.score for a in res.answers) - 1.0) < 1e-9
+    assert res.info["calibrated"]["template"] == "It was [MASK]."
+
+
+def test_classify_calibrate_runs_the_template(tmp_path, tiny_encoder):
+    import npmdb
+
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:
+        db.add(CORPUS + YES_NO + [{"id": "r", "text": "A great film. A great cast. A terrible end."}])
+        labels = {"positive": ["great"], "negative": ["terrible"]}
+        res = db.classify("A dull, slow film. It was [MASK].", labels, retrieval="bm25",
+                          calibrate=True)
+        assert res.info["calibrated"]["template"] == "It was [MASK]."
+        assert abs(sum(a.score for a in res) - 1.0) < 1e-9
+        plain = db.classify("It was [MASK].", labels, retrieval="bm25", calibrate=True)
+        assert "calibrated" not in plain.info                    # nothing to remove
