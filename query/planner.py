@@ -20,7 +20,7 @@ from .operators import BlockTokens, BM25Blocks, DenseTopK, EncodeQuery, ExactTop
 from .plan import Plan
 from .rows import BlockRows, Project
 from .spec import ClassifySpec, MaskedSpec
-from .text import STOPWORDS, fold
+from .text import STOPWORDS, fold, query_ngrams, words_of
 
 __all__ = ["plan_masked", "plan_classify", "plan_search", "SEARCH_COLUMNS"]
 
@@ -83,10 +83,15 @@ def plan_masked(spec: MaskedSpec, *, answer_filter: tuple[str, Callable] | None 
     # Top-N pushdown: when answers are only ranked by score and cut, Aggregate builds just
     # the best top + offset of them (every occurrence is still grouped and summed).
     top_n = spec.top + spec.offset if (spec.top and answer_filter is None
+                                       and not spec.not_in_query
                                        and tuple(order) == (("score", True),)) else 0
     op: Operator = Aggregate("word" if spec.mode == "token" and spec.group_by == "word"
                              else spec.group_by, spec.alpha, children=(_candidates(spec),),
                              top_n=top_n)
+    if spec.not_in_query:
+        grams = query_ngrams(spec.text)
+        op = FilterAnswers("phrase not in the query",
+                           lambda g: words_of(g.text) not in grams, children=(op,))
     if answer_filter is not None:
         op = FilterAnswers(answer_filter[0], answer_filter[1], children=(op,))
     op = OrderBy(order, children=(op,))

@@ -50,6 +50,7 @@ class MaskedSpec:
     group_by: str = "phrase"
     clean_edges: bool = True
     no_stopwords: bool = False
+    not_in_query: bool = False   # drop answers whose words occur together in the query
     evidence: int = 3
     offset: int = 0
     version: int | str | None = None
@@ -121,8 +122,8 @@ def _validate(spec) -> None:
     if hasattr(spec, "scoring"):
         _choice(spec, "scoring", SCORINGS)
         _choice(spec, "group_by", GROUPS)
-    for name in ("exact", "clean_edges"):
-        if not isinstance(getattr(spec, name), bool):
+    for name in ("exact", "clean_edges", "not_in_query"):
+        if hasattr(spec, name) and not isinstance(getattr(spec, name), bool):
             raise ProgrammingError(f"{name} must be True or False, got {getattr(spec, name)!r}")
 
 

@@ -7,7 +7,8 @@ import re
 
 from npmdb.errors import ProgrammingError
 
-__all__ = ["MASK_PATTERN", "STOPWORDS", "split_mask", "fold", "fold_view"]
+__all__ = ["MASK_PATTERN", "STOPWORDS", "split_mask", "fold", "fold_view", "query_ngrams",
+           "words_of"]
 
 MASK_PATTERN = re.compile(r"\[MASK\]|<mask>", re.IGNORECASE)
 
@@ -30,6 +31,25 @@ def split_mask(text: str, own_mask: str = "[MASK]") -> tuple[str, str]:
 def fold(text: str) -> str:
     """Case- and white-space folding: the key answers are grouped by (never lossy)."""
     return " ".join(text.split()).casefold()
+
+
+_WORD = re.compile(r"\w+")
+
+
+def words_of(text: str) -> str:
+    """The folded words of ``text`` joined by one space (punctuation dropped)."""
+    return " ".join(_WORD.findall(text.casefold()))
+
+
+def query_ngrams(text: str) -> frozenset[str]:
+    """Every run of consecutive words of a query (mask removed), as :func:`words_of` gives
+    them: an answer equal to one only repeats the query ("capital", its own subject)."""
+    grams: set[str] = set()
+    for part in MASK_PATTERN.split(text):
+        words = _WORD.findall(part.casefold())
+        grams.update(" ".join(words[i:j]) for i in range(len(words))
+                     for j in range(i + 1, len(words) + 1))
+    return frozenset(grams)
 
 
 def fold_view(text: str) -> str | None:

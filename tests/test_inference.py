@@ -133,3 +133,20 @@ def test_classify_calibrate_runs_the_template(tmp_path, tiny_encoder):
         assert abs(sum(a.score for a in res) - 1.0) < 1e-9
         plain = db.classify("It was [MASK].", labels, retrieval="bm25", calibrate=True)
         assert "calibrated" not in plain.info                    # nothing to remove
+
+
+def test_not_in_query_drops_answers_that_repeat_the_query(tmp_path, tiny_encoder):
+    import npmdb
+    from npmdb.query.text import query_ngrams
+
+    assert "capital of" in query_ngrams("The capital of [MASK] is Rome.")
+    assert "of is" not in query_ngrams("The capital of [MASK] is Rome.")   # not across the mask
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:
+        db.add(CORPUS)
+        q = "Berlin hosts many artists in [MASK]."
+        plain = [a.text for a in db.fill_mask(q, retrieval="bm25", top=200)]
+        kept = db.fill_mask(q, retrieval="bm25", top=200, not_in_query=True)
+        grams = query_ngrams(q)
+        assert any(t.casefold() in grams for t in plain)          # the repeats were there
+        assert [a.text for a in kept] == [t for t in plain if t.casefold() not in grams]
+        assert "phrase not in the query" in kept.plan
