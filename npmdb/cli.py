@@ -180,6 +180,7 @@ def cmd_check(args) -> int:
 
 def cmd_demo(args) -> int:
     import npmdb
+    from . import encoder as enc_names
     from .corpus import sample_path
 
     path = Path(args.db)
@@ -202,8 +203,13 @@ def cmd_demo(args) -> int:
                 res = db.fill_mask(q, retrieval=retrieval, top=3)
                 print(q)
                 _print_result(res, evidence=retrieval == "bm25")
-        print("\nAn untrained sentence encoder ranks poorly; train it with "
-              f"`npmdb train {path} --preset demo` (about 7 minutes on 2 cores; see README).")
+        name = db.encoder.info.name
+        if name == enc_names.BASE_NAME:
+            print("\nAn untrained sentence encoder ranks poorly; train it with "
+                  f"`npmdb train {path} --preset demo` (about 7 minutes on 2 cores; see README).")
+        else:
+            print(f"\nEncoder {name}: npmdb's shipped encoder (MiniLM trained with npmdb.train; "
+                  f"see README). `npmdb train {path} --preset demo` adapts it to this corpus.")
     return 0
 
 

@@ -111,3 +111,20 @@ def test_the_base_encoder_stays_selectable_by_name():
     for name in ("base", BASE_NAME):
         info = describe(name)
         assert info.name == BASE_NAME and info.path == str(base_encoder_path().resolve())
+
+
+def test_the_shipped_encoder_is_the_default_and_matches_its_recorded_fingerprint():
+    """npmdb ships its own trained encoder (``make encoder`` rebuilds it)."""
+    from npmdb.encoder import (
+        Encoder, default_encoder_path, fingerprint_dir, shipped_encoder_dir,
+    )
+
+    d = shipped_encoder_dir()
+    rec = json.loads((d / "recipe.json").read_text())
+    assert fingerprint_dir(d) == rec["fingerprint"]          # the weights are the recorded ones
+    assert default_encoder_path() == d
+    assert rec["steps"] > 0 and rec["corpus"]["documents"] > 0 and rec["loss_curve"]
+    enc = Encoder(d)
+    assert enc.info.name == recipe.SHIPPED_NAME
+    qv = enc.encode_query("Salem is the capital of [MASK].")
+    assert qv.start.shape == (enc.info.hidden_size,) and np.isfinite(qv.start).all()
