@@ -150,7 +150,7 @@ def main(argv=None) -> int:
                                                                      k=args.k)}
     md = render(out)
     name = args.name or (f"quality-{data.name}" + (f"-{args.version}" if args.version else "")
-                         + (f"-{args.split}" if args.split != "all" else ""))
+                         + (f"-split-{args.split}" if args.split != "all" else ""))
     path = write_result(name, out, md)
     print(md)
     print(f"wrote {path}", file=sys.stderr)

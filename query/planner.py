@@ -89,7 +89,7 @@ def plan_masked(spec: MaskedSpec, *, answer_filter: tuple[str, Callable] | None 
                              else spec.group_by, spec.alpha, children=(_candidates(spec),),
                              top_n=top_n)
     if spec.not_in_query:
-        grams = query_ngrams(spec.text)
+        grams = query_ngrams(spec.text, spec.max_len)
         op = FilterAnswers("phrase not in the query",
                            lambda g: words_of(g.text) not in grams, children=(op,))
     if answer_filter is not None:

@@ -41,14 +41,16 @@ def words_of(text: str) -> str:
     return " ".join(_WORD.findall(text.casefold()))
 
 
-def query_ngrams(text: str) -> frozenset[str]:
-    """Every run of consecutive words of a query (mask removed), as :func:`words_of` gives
-    them: an answer equal to one only repeats the query ("capital", its own subject)."""
+def query_ngrams(text: str, max_words: int = 20) -> frozenset[str]:
+    """Every run of up to ``max_words`` consecutive words of a query (mask removed), as
+    :func:`words_of` gives them: an answer equal to one only repeats the query ("capital",
+    its own subject). Linear in the query's length (a span of ``max_len`` tokens holds at
+    most ``max_len`` words, so longer runs could never match an answer)."""
     grams: set[str] = set()
     for part in MASK_PATTERN.split(text):
         words = _WORD.findall(part.casefold())
         grams.update(" ".join(words[i:j]) for i in range(len(words))
-                     for j in range(i + 1, len(words) + 1))
+                     for j in range(i + 1, min(i + max_words, len(words)) + 1))
     return frozenset(grams)
 
 

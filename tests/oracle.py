@@ -39,6 +39,15 @@ def fold(text: str) -> str:
     return " ".join(text.split()).casefold()
 
 
+def _query_grams(text: str) -> set[str]:
+    """Runs of consecutive words on either side of the mask, case-folded."""
+    grams: set[str] = set()
+    for part in re.split(r"\[MASK\]|<mask>", text, flags=re.IGNORECASE):
+        w = re.findall(r"\w+", part.casefold())
+        grams.update(" ".join(w[i:j]) for i in range(len(w)) for j in range(i + 1, len(w) + 1))
+    return grams
+
+
 def _softmax(x: np.ndarray, tau: float) -> np.ndarray:
     z = np.asarray(x, dtype=np.float64) / tau
     z = z - z.max()
@@ -220,10 +229,12 @@ class Oracle:
     # -- queries -------------------------------------------------------------------------
 
     def fill_mask(self, text: str, *, mode: str = "phrase", retrieval: str = "dense",
-                  k: int = 4096, blocks: int = 3, max_len: int = 10, tau: float = 1.0,
-                  alpha: float = 0.0, scoring: str = "npm", qv=None) -> OracleResult:
+                  k: int = 1024, blocks: int = 3, max_len: int = 10, tau: float = 1.0,
+                  alpha: float = 0.0, scoring: str = "npm", qv=None,
+                  not_in_query: bool = True) -> OracleResult:
         """All answers (not only the top few) of a masked query. ``scoring='raw'`` is
-        DensePhrases' ``sim_s + sim_e`` instead of NPM's ``P_s + P_e``."""
+        DensePhrases' ``sim_s + sim_e`` instead of NPM's ``P_s + P_e``. ``not_in_query``
+        drops answers whose words are a run of the query's words (npmdb's default)."""
         qv = qv if qv is not None else self.encode(text, mode)
         blk = self.bm25_blocks(text, blocks) if retrieval in ("bm25", "hybrid") else []
         answers: dict[str, OracleAnswer] = {}
@@ -272,10 +283,14 @@ class Oracle:
                 # n_tokens is ambiguous only if one folded text was tokenised two ways
                 a.score *= float(min(a.n_tokens)) ** alpha
                 a.ambiguous = len(a.n_tokens) > 1
+        if not_in_query:
+            grams = _query_grams(text)
+            for key in [k for k in answers if " ".join(re.findall(r"\w+", k)) in grams]:
+                del answers[key]
         return res
 
     def classify(self, text: str, labels: dict[str, list[str]], *, mode: str = "phrase",
-                 retrieval: str = "dense", k: int = 4096, blocks: int = 3, max_len: int = 10,
+                 retrieval: str = "dense", k: int = 1024, blocks: int = 3, max_len: int = 10,
                  tau: float = 5.0, qv=None) -> "OracleLabels":
         """Per label: the log of sum of exp(sim_s/tau + sim_e/tau) (phrase mode) or of
         exp(sim/tau) (token mode) over the candidates whose folded text is one of its words

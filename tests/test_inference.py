@@ -144,9 +144,20 @@ def test_not_in_query_drops_answers_that_repeat_the_query(tmp_path, tiny_encoder
     with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:
         db.add(CORPUS)
         q = "Berlin hosts many artists in [MASK]."
-        plain = [a.text for a in db.fill_mask(q, retrieval="bm25", top=200)]
-        kept = db.fill_mask(q, retrieval="bm25", top=200, not_in_query=True)
+        plain = [a.text for a in db.fill_mask(q, retrieval="bm25", top=200, not_in_query=False)]
+        kept = db.fill_mask(q, retrieval="bm25", top=200)              # the default
         grams = query_ngrams(q)
         assert any(t.casefold() in grams for t in plain)          # the repeats were there
         assert [a.text for a in kept] == [t for t in plain if t.casefold() not in grams]
         assert "phrase not in the query" in kept.plan
+
+
+def test_query_ngrams_stay_linear_in_a_long_query():
+    """Runs longer than an answer can be are never built: a 20,000-word query once made
+    every run (quadratic in words, minutes per query)."""
+    from npmdb.query.text import query_ngrams
+
+    text = " ".join(f"w{i}" for i in range(20000)) + " [MASK]."
+    grams = query_ngrams(text, 10)
+    assert "w5 w6 w7" in grams and "w5 w6 w7 w8 w9 w10 w11 w12 w13 w14 w15" not in grams
+    assert len(grams) <= 20000 * 10

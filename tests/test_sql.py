@@ -137,7 +137,7 @@ def test_explain_does_not_touch_the_database():
     assert any(n.startswith("choose_exact_scan") for n in notes)
     assert any(n.startswith("push_document_predicates") for n in notes)
     text = compiled.physical().explain()
-    assert "ExactTopK (side=start, k=4096, index=exact scan, docs: doc.title = 'x' (masked))" in text
+    assert "ExactTopK (side=start, k=1024, index=exact scan, docs: doc.title = 'x' (masked))" in text
 
 
 # ---------------------------------------------------------------- equivalence with fill_mask
