@@ -45,19 +45,24 @@ def evaluate_cloze(db, rows: list[dict], mode: str, *, max_len: int = 10, versio
 
 def evaluate_sentiment(db, rows: list[dict], *, version=None, k: int | None = None,
                        retrieval: str = "dense") -> dict:
-    """Accuracy as NPM scores it, and with contextual calibration (``calibrate=True``)."""
+    """Accuracy as NPM scores it, and with contextual calibration (what
+    ``classify(calibrate=True)`` returns; the template's prior is asked once per template)."""
+    from npmdb.query import calibration
+
     correct = abstained = correct_cal = 0
-    kw = {"k": k} if k else {}
+    labels = {"positive": ["great"], "negative": ["terrible"]}
+    kw = dict(retrieval=retrieval, version=version, evidence=0, **({"k": k} if k else {}))
+    priors: dict[str, object] = {}
     t0 = time.time()
     for r in rows:
-        labels = {"positive": ["great"], "negative": ["terrible"]}
-        res = db.classify(r["query"], labels, retrieval=retrieval, version=version,
-                          evidence=0, **kw)
+        res = db.classify(r["query"], labels, **kw)
         pred = res.top.text if res.top and res.top.score > 0 else None
         abstained += pred is None   # neither label word among the k retrieved candidates
         correct += pred == r["label"]
-        cal = db.classify(r["query"], labels, retrieval=retrieval, version=version,
-                          evidence=0, calibrate=True, **kw)
+        template = calibration.content_free(r["query"])
+        if template is not None and template not in priors:
+            priors[template] = db.classify(template, labels, **kw)
+        cal = calibration.calibrate(res, priors[template]) if template is not None else res
         correct_cal += (cal.top.text if cal.top and pred is not None else None) == r["label"]
     n = max(len(rows), 1)
     return {"mode": retrieval, "n": len(rows), "accuracy": 100.0 * correct / n,
@@ -115,13 +120,12 @@ def main(argv=None) -> int:
         out["stats"] = {k: v for k, v in db.stats().items() if k != "config"}
         from npmdb.train.sources import held_out
 
-        def pick(rows):
+        def lim(rows):
             if args.split != "all":
                 want = args.split == "held-out"
                 rows = [r for r in rows if r.get("support_ids")
                         and all(held_out(i) for i in r["support_ids"]) == want]
             return rows[: args.limit] if args.limit else rows
-        lim = pick
         out["split"] = args.split
         kw = {"k": args.k} if args.k else {}
         if "cloze" in tasks:

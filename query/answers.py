@@ -20,7 +20,7 @@ from . import scoring as S
 from .operators import (
     Answers, Candidates, ExecState, Group, Occurrences, Operator, _empty, _fmt,
 )
-from .text import fold, fold_view
+from .text import fold, fold_view, snippet_bounds
 
 __all__ = [
     "AssembleSpans", "ScoreSpans", "ScoreTokens", "Aggregate", "ClassifyLabels",
@@ -433,13 +433,6 @@ class AttachEvidence(Operator):
 
 def snippet(text: str, a: int, b: int, width: int = 80) -> str:
     """Context around ``text[a:b]``, cut at white space, with the occurrence in ⟦ ⟧-free form."""
-    lo = max(0, a - width)
-    hi = min(len(text), b + width)
-    if lo > 0:
-        sp = text.find(" ", lo, a)
-        lo = sp + 1 if sp != -1 else lo
-    if hi < len(text):
-        sp = text.rfind(" ", b, hi)
-        hi = sp if sp != -1 else hi
+    lo, hi = snippet_bounds(text, a, b, width)
     out = text[lo:hi].replace("\n", " ")
     return ("…" if lo > 0 else "") + out + ("…" if hi < len(text) else "")

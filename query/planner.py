@@ -39,10 +39,9 @@ def stopword_labels(spec) -> bool:
     return any(a in STOPWORDS or b in STOPWORDS for a, b in edges)
 
 
-def _retrieval(spec, sides: tuple[str, ...]) -> Operator:
+def _retrieval(spec, sides: tuple[str, ...], any_word: bool) -> Operator:
     enc = EncodeQuery(spec.mode)
     docs = spec.doc_filter.describe if spec.doc_filter is not None else ""
-    any_word = stopword_labels(spec)
     dense: list[Operator] = []
     if spec.retrieval in ("dense", "hybrid"):
         if spec.exact or any_word:
@@ -60,14 +59,15 @@ def _retrieval(spec, sides: tuple[str, ...]) -> Operator:
 
 
 def _candidates(spec) -> Operator:
+    any_word = stopword_labels(spec)
     if spec.mode == "phrase":
         # label words are matched by their text, so a classify span may start or end on
         # any word when a label needs it
-        clean = spec.clean_edges and not stopword_labels(spec)
         return ScoreSpans(getattr(spec, "tau", 1.0), getattr(spec, "scoring", "npm"), children=(
-            AssembleSpans(spec.max_len, clean, getattr(spec, "no_stopwords", False),
-                          children=_retrieval(spec, ("start", "end"))),))
-    return ScoreTokens(spec.tau, children=_retrieval(spec, ("token",)))
+            AssembleSpans(spec.max_len, spec.clean_edges and not any_word,
+                          getattr(spec, "no_stopwords", False),
+                          children=_retrieval(spec, ("start", "end"), any_word)),))
+    return ScoreTokens(spec.tau, children=_retrieval(spec, ("token",), any_word))
 
 
 def _wrap(op: Operator, tail: Sequence[Operator]) -> Operator:

@@ -8,7 +8,7 @@ import re
 from npmdb.errors import ProgrammingError
 
 __all__ = ["MASK_PATTERN", "STOPWORDS", "split_mask", "fold", "fold_view", "query_ngrams",
-           "words_of"]
+           "words_of", "snippet_bounds"]
 
 MASK_PATTERN = re.compile(r"\[MASK\]|<mask>", re.IGNORECASE)
 
@@ -31,6 +31,19 @@ def split_mask(text: str, own_mask: str = "[MASK]") -> tuple[str, str]:
 def fold(text: str) -> str:
     """Case- and white-space folding: the key answers are grouped by (never lossy)."""
     return " ".join(text.split()).casefold()
+
+
+def snippet_bounds(text: str, a: int, b: int, width: int) -> tuple[int, int]:
+    """``[lo, hi)`` around ``text[a:b]``: up to ``width`` characters each side, cut at
+    white space (the context an evidence snippet shows)."""
+    lo, hi = max(0, a - width), min(len(text), b + width)
+    if lo > 0:
+        sp = text.find(" ", lo, a)
+        lo = sp + 1 if sp != -1 else lo
+    if hi < len(text):
+        sp = text.rfind(" ", b, hi)
+        hi = sp if sp != -1 else hi
+    return lo, hi
 
 
 _WORD = re.compile(r"\w+")

@@ -11,6 +11,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from npmdb.query.text import snippet_bounds
+
 from .app import ApiError, Server
 
 __all__ = ["routes", "answers_json", "context", "occurrences"]
@@ -70,15 +72,8 @@ def check_options(data: dict, allowed: tuple[str, ...], server: Server,
 
 def context(text: str, a: int, b: int, width: int = CONTEXT) -> dict[str, str]:
     """``text[a:b]`` with up to ``width`` characters around it, cut at white space, as
-    (before, match, after): the cut of the engine's ``snippet``, kept here because the page
-    needs where the match is (and the query internals are not public API)."""
-    lo, hi = max(0, a - width), min(len(text), b + width)
-    if lo > 0:
-        sp = text.find(" ", lo, a)
-        lo = sp + 1 if sp != -1 else lo
-    if hi < len(text):
-        sp = text.rfind(" ", b, hi)
-        hi = sp if sp != -1 else hi
+    (before, match, after): the engine's snippet cut, split where the match is."""
+    lo, hi = snippet_bounds(text, a, b, width)
     return {"before": ("…" if lo > 0 else "") + text[lo:a], "match": text[a:b],
             "after": text[b:hi] + ("…" if hi < len(text) else "")}
 

@@ -99,10 +99,11 @@ def export(db, target: Path, *, report: dict, manifest: dict) -> dict:
     from safetensors.torch import load_file, save_file
 
     from npmdb.encoder import fingerprint_dir
+    from npmdb.storage.paths import checkpoint_dir
 
     with db.snapshot() as snap:
         gen = snap.generation
-    src = Path(db.path) / "encoders" / f"g{gen}"
+    src = checkpoint_dir(db.path, gen)
     if not (src / "model.safetensors").exists():
         raise ProgrammingError(f"generation {gen} has no trained checkpoint under {src}: "
                                "run the train stage first")
