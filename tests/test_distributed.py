@@ -171,7 +171,10 @@ def test_ray_add_equals_local_add(ray_cluster, tmp_path, tiny_encoder, sample_co
         vers = db.versions()
         assert [v["message"] for v in vers] == ["", "ray"] and vers[-1]["id"] == vid
         assert db.stats()["segments"] == 4
-    assert eng.report["pieces"] == 12 and eng.report["actors"] == 2
+    # a pool of 2 actors; how many of them got a piece is up to Ray's scheduler (on 2 busy
+    # cores the first actor can take all 12 before the second has loaded its model)
+    assert eng.report["pieces"] == 12 and eng.report["workers"] == 2
+    assert 1 <= eng.report["actors"] <= 2
     with npmdb.open(tmp_path / "local-seg", encoder=tiny_encoder, progress=False) as db:
         db.add(["an existing document"])
         with db.batch("local"):  # the same segmentation, written by the local path
