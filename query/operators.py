@@ -189,6 +189,8 @@ class ExecState:
     root: "Operator | None" = None  # the plan's root, once run
     # what an operator's serial ``prepare`` computed for its (concurrent) ``run``
     prepared: dict[int, Any] = field(default_factory=dict)
+    # concurrent operators that read through the snapshot's transaction take turns
+    txn_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def inputs(self, op: "Operator", kind: type[O]) -> list[O]:
         """The outputs of ``op``'s children that are ``kind``s, in child order."""
@@ -329,11 +331,11 @@ class DenseTopK(Operator):
 
     def prepare(self, st: ExecState) -> None:
         # document filters may read documents through the snapshot's transaction
+        # (and every segment's columns: an IVF index selects its side from the flags)
         snap = st.snapshot
         allowed = [snap.allowed_docs(si) for si in range(len(snap.segments))]
-        for si, seg in enumerate(snap.segments):
-            if allowed[si] is not None:
-                seg.columns(snap.txn)
+        for seg in snap.segments:
+            seg.columns(snap.txn)
         st.prepared[id(self)] = allowed
 
     def run(self, st: ExecState) -> Candidates:
@@ -349,16 +351,23 @@ class DenseTopK(Operator):
             seg, out = snap.segments[si], []
             for side in sides:
                 idx = seg.dense(snap.generation, side)
-                want = self.k
+                refine = getattr(idx, "refine", 1)  # compressed codes: re-rank refine * k
+                want = self.k * refine
                 while True:
                     labels, scores = idx.search(q, want)
                     if allowed[si] is not None and len(labels):
                         keep = allowed[si][seg.columns().doc_of(labels)]
                         labels, scores = labels[keep], scores[keep]
                     # oversample until k live candidates are found or the index is exhausted
-                    if len(labels) >= self.k or want >= len(idx):
+                    if len(labels) >= self.k * refine or want >= len(idx):
                         break
                     want = min(len(idx), want * 4)
+                if getattr(idx, "approximate", False) and len(labels):
+                    with st.txn_lock:  # the snapshot's transaction: one thread at a time
+                        vecs = seg.vectors(snap.txn, snap.generation, labels)
+                    scores = (vecs @ np.asarray(q, np.float32)).astype(np.float32)
+                    order = np.argsort(-scores, kind="stable")
+                    labels, scores = labels[order], scores[order]
                 out.append((si, labels[: self.k], scores[: self.k]))
             return out
 

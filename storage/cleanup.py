@@ -19,7 +19,7 @@ from . import format as F
 from . import versions as V
 from .env import Env
 from .integrity import DOCS_KEY, read_sums, seal_segment, segment_files
-from .paths import checkpoint_dir, remove_dir, segment_dir
+from .paths import checkpoint_dir, dense_files, remove_dir, segment_dir
 
 __all__ = ["recover", "remove_segment", "empty_trash", "seal", "drop_unkept",
            "delete_segment_data"]
@@ -214,12 +214,13 @@ def drop_unkept(txn, dbs, root: Path, keep: set[int]) -> dict[str, Any]:
     for s, g in sorted(stale):
         delete_segment_data(txn, dbs, s, gens=[g], docs=False)
         kind = records[s].dense
-        trash += [f"segments/s{s:06d}/g{g}.start.{kind}", f"segments/s{s:06d}/g{g}.end.{kind}"]
+        trash += [f"segments/s{s:06d}/{rel}" for rel in dense_files(g, kind)]
     checkpoints = 0
     for k in list(txn.cursor(db=dbs["generations"]).iternext(values=False)):
         g = F.read_u32(bytes(k))
         if g not in need_gens:
             txn.delete(F.u32(g), db=dbs["generations"])
+            txn.delete(f"ivf:g{g}".encode(), db=dbs["meta"])  # its IVF template, if any
             trash.append(checkpoint_dir(Path("."), g).as_posix())
             checkpoints += 1
     old = V.get_meta(txn, dbs, "trash", []) or []

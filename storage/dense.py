@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import threading
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
 
@@ -29,12 +29,21 @@ import numpy as np
 
 from npmdb.errors import NotSupportedError, OperationalError
 
+from .ivf import IvfParams
 from .paths import fsync_path
 
 __all__ = ["DenseIndex", "HnswIndex", "FaissIndex", "GpuFlat", "build_dense", "load_dense",
-           "INDEX_KINDS", "DenseParams", "faiss_gpu_available"]
+           "INDEX_KINDS", "DenseParams", "faiss_gpu_available", "IVF", "IvfParams",
+           "AUTO", "AUTO_IVF_TOKENS", "INDEX_NAMES", "SEGMENT_KINDS"]
 
-INDEX_KINDS = ("hnsw", "faiss-hnsw", "faiss-flat")
+IVF = "ivf"  # the compact kind for large corpora (npmdb.storage.ivf: one file, both sides)
+INDEX_KINDS = ("hnsw", "faiss-hnsw", "faiss-flat")  # one file per side (this module)
+SEGMENT_KINDS = INDEX_KINDS + (IVF,)  # what a segment may record
+AUTO = "auto"  # per segment when it is written: hnsw below AUTO_IVF_TOKENS, ivf from there
+AUTO_IVF_TOKENS = 2_000_000  # corpus tokens (HEAD's plus the new segment's); bench/ivf.py
+# the names npmdb.open(index=...) accepts, and the kind each records
+INDEX_NAMES = {"auto": AUTO, "hnsw": "hnsw", "ivf": IVF, "exact": "faiss-flat",
+               "faiss-hnsw": "faiss-hnsw", "faiss-flat": "faiss-flat"}
 GPU_MAX_K = 2048  # FAISS's GPU k-selection limit; a larger k is searched on the CPU
 
 
@@ -48,6 +57,7 @@ class DenseParams:
     ef_factor: float = 1.5   # ef = max(ef_search_min, ef_factor * k)
     gpu: bool | None = None  # search on a GPU: None when available, False never, True required
     gpu_device: int = 0
+    ivf: IvfParams = field(default_factory=IvfParams)  # the "ivf" kind's settings
 
 
 class DenseIndex(Protocol):

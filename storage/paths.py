@@ -6,7 +6,8 @@ import os
 import shutil
 from pathlib import Path
 
-__all__ = ["segment_dir", "dense_path", "checkpoint_dir", "remove_dir", "fsync_path"]
+__all__ = ["segment_dir", "dense_path", "dense_files", "checkpoint_dir", "remove_dir",
+           "fsync_path"]
 
 
 def segment_dir(root: Path, seg: int) -> Path:
@@ -15,6 +16,14 @@ def segment_dir(root: Path, seg: int) -> Path:
 
 def dense_path(root: Path, seg: int, gen: int, side: str, kind: str) -> Path:
     return segment_dir(root, seg) / f"g{gen}.{side}.{kind}"
+
+
+def dense_files(gen: int, kind: str) -> list[str]:
+    """The dense index files of generation ``gen`` in a segment of index ``kind``: one
+    per side, or the one IVF file that holds both sides."""
+    if kind == "ivf":
+        return [f"g{gen}.tokens.ivf"]
+    return [f"g{gen}.start.{kind}", f"g{gen}.end.{kind}"]
 
 
 def checkpoint_dir(root: Path, gen: int) -> Path:

@@ -36,7 +36,8 @@ from . import codec as C
 from . import format as F
 from . import segments as S
 from .bm25 import BlockDoc, build_bm25
-from .dense import DenseParams, build_dense
+from . import ivf
+from .dense import AUTO, AUTO_IVF_TOKENS, IVF, DenseParams, build_dense
 from .env import Env
 from .paths import fsync_path, remove_dir, segment_dir
 
@@ -85,8 +86,10 @@ class SegmentWriter:
                  params: DenseParams, dim: int, chunk: int | None = None,
                  columns: S.SegmentColumns | None = None,
                  progress: Callable[[int, str, str], Bar] | None = None,
-                 engine: str = "local", merged_from: Sequence[int] = ()) -> None:
+                 engine: str = "local", merged_from: Sequence[int] = (),
+                 corpus_tokens: int = 0) -> None:
         self.env, self.root, self.seg, self.gen = env, Path(root), seg, gen
+        self.corpus_tokens = corpus_tokens  # HEAD's tokens, for the "auto" index kind
         self.codec = C.load_codec(env, codec)
         self.dense, self.params, self.dim = dense, params, dim
         self.chunk = chunk or S.CHUNK
@@ -287,6 +290,12 @@ class SegmentWriter:
                 for side, (pos, vecs) in self._sides.items()}
 
     def _build_dense(self, target: Path) -> None:
+        if self.dense == AUTO:  # by corpus size, recorded per segment
+            big = self.corpus_tokens + self.n_tokens >= AUTO_IVF_TOKENS
+            self.dense = IVF if big else "hnsw"
+        if self.dense == IVF:
+            self._build_ivf(target)
+            return
         sides = self.index_vectors()
         bar = self.progress(sum(len(p) for p, _ in sides.values()), f"index ({self.dense})",
                             "vec")
@@ -294,6 +303,24 @@ class SegmentWriter:
             build_dense(self.dense, vecs.astype(np.float32), pos, self.params,
                         target / f"g{self.gen}.{side}.{self.dense}")
             bar.update(len(pos))
+        bar.close()
+
+    def _build_ivf(self, target: Path) -> None:
+        """One IVF file over the valid starts and ends (each token once), filled from the
+        generation's template; the first segment big enough trains and saves it."""
+        sides = self.index_vectors()
+        pos = np.concatenate([sides["start"][0], sides["end"][0]])
+        vecs = np.concatenate([sides["start"][1], sides["end"][1]])
+        pos, first = np.unique(pos, return_index=True)
+        vecs = vecs[first].astype(np.float32)
+        bar = self.progress(len(pos), "index (ivf)", "vec")
+        template = ivf.read_template(self.env, self.gen)
+        if template is None and len(pos) >= ivf.MIN_TRAIN:
+            template = ivf.train_template(vecs, self.params.ivf)
+            self.env.write(lambda txn: txn.put(ivf.template_key(self.gen), F.pack(template),
+                                               db=self.env.dbs["meta"]))
+        ivf.build_ivf(template, vecs, pos, target / f"g{self.gen}.{ivf.IVF_FILE}")
+        bar.update(len(pos))
         bar.close()
 
 

@@ -25,7 +25,8 @@ from npmdb.errors import OperationalError
 from . import codec as C
 from . import format as F
 from .bm25 import BM25Index
-from .dense import DenseIndex, DenseParams, load_dense
+from .dense import IVF, DenseIndex, DenseParams, load_dense
+from .ivf import IVF_FILE, IvfFile, IvfSide, side_bitmap
 from .integrity import read_doc_crcs, read_sums, validate_index_files, verify_files
 from .paths import dense_path, fsync_path, segment_dir
 
@@ -95,20 +96,23 @@ class SegmentReader:
         self._cols: SegmentColumns | None = None
         self._bm25: BM25Index | None = None
         self._dense: dict[tuple[int, str], DenseIndex] = {}
+        self._ivf: dict[int, IvfFile] = {}
         self._docs: OrderedDict[int, StoredDoc] = OrderedDict()
         self._views: dict[int, tuple[str, Any]] = {}  # text, view(text): see doc_view
         self._lock = threading.Lock()
         self._verified: set[tuple[int, int]] = set()  # vector chunks whose CRC was checked
         self._doc_crcs: np.ndarray | None = None
 
-    def _verify_files(self, rels) -> None:
+    def _verify_files(self, rels, crc: bool = True) -> None:
         """Check index files against the checksums recorded for this segment (see
-        :mod:`npmdb.storage.integrity`) before a library that trusts them loads them."""
+        :mod:`npmdb.storage.integrity`) before a library that trusts them loads them
+        (``crc=False``: sizes only)."""
         with self.env.read() as t:
             sums = read_sums(t, self.env.dbs, self.seg)
         if sums:
             verify_files(self.root, self.seg, sums,
-                         [r for r in sums if r.startswith("bm25/")] if rels == "bm25" else rels)
+                         [r for r in sums if r.startswith("bm25/")] if rels == "bm25" else rels,
+                         crc=crc)
 
     # -- columns ---------------------------------------------------------------------
 
@@ -227,11 +231,30 @@ class SegmentReader:
                 idx = self._dense.get(key)
                 if idx is None:
                     kind = self.record.dense
-                    self._verify_files([f"g{gen}.{side}.{kind}"])
-                    idx = load_dense(kind, dense_path(self.root, self.seg, gen, side, kind),
-                                     self.dim, self.params)
+                    if kind == IVF:
+                        idx = self._ivf_side(gen, side)
+                    else:
+                        self._verify_files([f"g{gen}.{side}.{kind}"])
+                        idx = load_dense(kind, dense_path(self.root, self.seg, gen, side, kind),
+                                         self.dim, self.params)
                     self._dense[key] = idx
         return idx
+
+    def _ivf_side(self, gen: int, side: str) -> IvfSide:
+        """A side of the segment's one IVF file (loaded once per generation; the columns
+        must be loaded: DenseTopK's prepare reads them)."""
+        file = self._ivf.get(gen)
+        if file is None:
+            rel = f"g{gen}.{IVF_FILE}"
+            self._verify_files([rel], crc=False)  # memory-mapped: sizes here, CRCs in check
+            file = self._ivf[gen] = IvfFile.load(segment_dir(self.root, self.seg) / rel)
+        if self._cols is None:
+            raise OperationalError(f"segment {self.seg}: columns are needed before its IVF "
+                                   "index (load them with columns(txn))")
+        bit = F.VALID_START if side == "start" else F.VALID_END
+        bitmap = side_bitmap(self._cols.flags, bit)
+        return file.side(bitmap, int(np.count_nonzero(self._cols.flags & bit)),
+                         self.params.ivf)
 
     # -- documents --------------------------------------------------------------------
 

@@ -231,11 +231,23 @@ class Writer:
                                  dense=rec.dense, params=self.params, dim=rec.dim,
                                  chunk=rec.chunk, columns=existing.columns(),
                                  progress=self.progress, engine=engine)
+        head = self.head()
         return SegmentWriter(self.env, self.root, seg, gen,
                              codec=codec or str(self.config.get("codec", "float16")),
                              dense=str(self.config.get("dense", "hnsw")), params=self.params,
                              dim=int(self.config["dim"]), progress=self.progress,
-                             engine=engine, merged_from=merged_from)
+                             engine=engine, merged_from=merged_from,
+                             corpus_tokens=int(head.stats.get("tokens", 0)) if head else 0)
+
+    def set_index_kind(self, kind: str) -> None:
+        """Record ``kind`` as the dense index of segments written from now on (the caller
+        holds the writer lock; ``optimize(index=...)`` converts the existing ones)."""
+        if self.config.get("dense") == kind:
+            return
+        config = dict(self.config) | {"dense": kind}
+        self.env.write(lambda txn: V.put_meta(txn, self.env.dbs, "config", config))
+        self.config.clear()
+        self.config.update(config)
 
     # -- the lock -----------------------------------------------------------------------
 

@@ -1,0 +1,223 @@
+"""The compact dense index for large corpora: FAISS IVF-PQ, its lists memory-mapped.
+
+One file per segment and embedding generation, ``g{gen}.tokens.ivf``, holds every valid
+start and every valid end of the segment once (NPM searches one index with ``q_s`` and
+``q_e``); a search for starts or for ends selects its side with a bitmap over the
+segment's token positions (FAISS ``IDSelectorBitmap``), so no side is over-fetched.
+
+* **Trained once per database and generation.** The coarse quantiser (``nlist``
+  centroids) and the PQ codebooks (``m`` bytes a vector) are trained on a sample of the
+  first segment written with that generation (at most ``IvfParams.train_points``
+  vectors) and kept in LMDB (``meta``, key ``ivf:g{gen}``) as an empty trained FAISS
+  index. Every later segment of that generation reuses it: an ``add`` only assigns and
+  encodes its vectors, it never retrains. ``optimize()`` rewrites segments with the
+  current template.
+* **Memory-mapped.** The file is read with ``IO_FLAG_MMAP``: the inverted lists (codes and
+  ids) stay on disk and in the page cache; resident memory per segment is the coarse
+  centroids (``nlist x dim`` float32) and the codebooks.
+* **Exact where it counts.** PQ scores only rank candidates: a search returns
+  ``refine * k`` of them (:attr:`IvfSide.refine`) and the query engine re-scores those
+  exactly from the stored vectors before keeping the top ``k``.
+* **Small segments.** A segment written before any template exists and with fewer than
+  :data:`MIN_TRAIN` vectors gets an exact flat index in the same file (a few MB at most);
+  the file says which it holds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from npmdb.errors import OperationalError, ProgrammingError
+
+from .format import unpack
+from .paths import fsync_path
+
+__all__ = ["IvfParams", "IvfFile", "IvfSide", "MIN_TRAIN", "template_key", "train_template",
+           "build_ivf", "check_ivf_params", "side_bitmap", "IVF_FILE", "read_template"]
+
+MIN_TRAIN = 4096  # vectors a template is trained on at least (PQ's 256 centroids each)
+IVF_FILE = "tokens.ivf"  # g{gen}.tokens.ivf
+
+
+@dataclass(frozen=True, slots=True)
+class IvfParams:
+    """IVF-PQ settings. ``nlist``: coarse lists (None: a power of two near 4·√n of the
+    training vectors, at least 39 training vectors per list); ``m``: PQ bytes per vector
+    (None: 64, NPM's code size, or the largest divisor of the dimension below it);
+    ``nprobe``: lists searched per query; ``refine``: candidates re-scored exactly per
+    wanted one; ``train_points``: the largest training sample."""
+
+    nlist: int | None = None
+    m: int | None = None
+    nprobe: int = 48
+    refine: int = 4
+    train_points: int = 131072
+
+
+def template_key(gen: int) -> bytes:
+    return f"ivf:g{gen}".encode()
+
+
+def _pq_m(dim: int, m: int | None) -> int:
+    if m is None:
+        return max(d for d in range(1, min(64, dim) + 1) if dim % d == 0)
+    if not isinstance(m, int) or isinstance(m, bool) or m < 1 or dim % m:
+        raise ProgrammingError(f"IVF-PQ with m={m!r} bytes a vector does not fit the encoder's "
+                               f"dimension {dim}: m must divide {dim} (for example "
+                               f"{[d for d in (16, 32, 48, 64, 96) if dim % d == 0]})")
+    return m
+
+
+def check_ivf_params(params: IvfParams, dim: int) -> None:
+    """Raise :class:`ProgrammingError` for settings that cannot work (before any write)."""
+    _pq_m(dim, params.m)
+    for name in ("nprobe", "refine", "train_points"):
+        v = getattr(params, name)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ProgrammingError(f"IvfParams.{name} must be a positive integer, got {v!r}")
+    if params.nlist is not None and (not isinstance(params.nlist, int) or params.nlist < 1):
+        raise ProgrammingError(f"IvfParams.nlist must be a positive integer or None, got "
+                               f"{params.nlist!r}")
+
+
+def _auto_nlist(n: int) -> int:
+    want = 2 ** round(math.log2(max(4.0 * math.sqrt(n), 1.0)))
+    return int(max(16, min(want, 65536, n // 39)))
+
+
+def train_template(sample: np.ndarray, params: IvfParams, threads: int | None = None) -> bytes:
+    """An empty IVF-PQ index trained on ``sample`` (float32 rows), serialised."""
+    import faiss
+
+    n, dim = sample.shape
+    m = _pq_m(dim, params.m)
+    if n < MIN_TRAIN:
+        raise ProgrammingError(f"an IVF-PQ index needs at least {MIN_TRAIN} training vectors, "
+                               f"got {n}")
+    nlist = params.nlist if params.nlist is not None else _auto_nlist(n)
+    if nlist * 39 > n:
+        raise ProgrammingError(f"IVF nlist={nlist} is too large for a training sample of {n} "
+                               f"vectors (FAISS needs at least 39 per list): choose nlist <= "
+                               f"{n // 39}, or leave it None to pick one")
+    if n > params.train_points:
+        rng = np.random.default_rng(13)
+        sample = sample[np.sort(rng.choice(n, params.train_points, replace=False))]
+    x = np.ascontiguousarray(sample, dtype=np.float32)
+    quantizer = faiss.IndexFlatIP(dim)
+    index = faiss.IndexIVFPQ(quantizer, dim, nlist, m, 8, faiss.METRIC_INNER_PRODUCT)
+    index.cp.max_points_per_centroid = 64  # a bounded k-means: the sample, not the corpus
+    index.cp.niter = 12
+    prev = faiss.omp_get_max_threads()
+    if threads:
+        faiss.omp_set_num_threads(threads)
+    try:
+        index.train(x)
+    finally:
+        faiss.omp_set_num_threads(prev)
+    return bytes(faiss.serialize_index(index))
+
+
+def build_ivf(template: bytes | None, vectors: np.ndarray, labels: np.ndarray,
+              path: Path) -> None:
+    """Write the segment's index to ``path`` (fsynced): the template's IVF-PQ filled with
+    ``vectors`` under ``labels`` (token positions), or an exact flat index without one."""
+    import faiss
+
+    dim = vectors.shape[1]
+    if template is not None:
+        index = faiss.deserialize_index(np.frombuffer(template, dtype=np.uint8))
+        if index.d != dim:
+            raise OperationalError(f"the IVF template has dimension {index.d}, the vectors "
+                                   f"{dim}: the database is inconsistent")
+    else:
+        index = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
+    if len(labels):
+        index.add_with_ids(np.ascontiguousarray(vectors, dtype=np.float32),
+                           np.ascontiguousarray(labels, dtype=np.int64))
+    faiss.write_index(index, str(path))
+    fsync_path(path)
+
+
+def side_bitmap(flags: np.ndarray, bit: int) -> np.ndarray:
+    """A FAISS ``IDSelectorBitmap`` bitmap (bit ``i & 7`` of byte ``i >> 3``) of the
+    positions whose flags have ``bit``."""
+    return np.packbits((flags & bit) != 0, bitorder="little")
+
+
+class IvfFile:
+    """A segment's ``g{gen}.tokens.ivf``, opened memory-mapped."""
+
+    def __init__(self, index, path: Path) -> None:
+        import faiss
+
+        self.index, self.path = index, path
+        self.ivf = faiss.try_extract_index_ivf(index) if hasattr(
+            faiss, "try_extract_index_ivf") else None
+        self.approximate = self.ivf is not None
+
+    @classmethod
+    def load(cls, path: Path) -> "IvfFile":
+        import faiss
+
+        if not path.exists():
+            raise OperationalError(f"the dense index {path} is missing: the database directory "
+                                   "is incomplete (run `npmdb check`)")
+        try:
+            index = faiss.read_index(str(path), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
+        except RuntimeError as exc:
+            raise OperationalError(f"cannot load the dense index {path}: "
+                                   f"{str(exc).splitlines()[0][:300]}") from exc
+        return cls(index, path)
+
+    @property
+    def kind(self) -> str:
+        return "ivf-pq" if self.approximate else "flat"
+
+    def side(self, bitmap: np.ndarray, count: int, params: IvfParams) -> "IvfSide":
+        return IvfSide(self, bitmap, count, params)
+
+
+class IvfSide:
+    """One side (starts or ends) of an :class:`IvfFile`: the :class:`DenseIndex`
+    protocol, with ``approximate`` and ``refine`` telling the engine to re-score."""
+
+    kind = "ivf"
+
+    def __init__(self, file: IvfFile, bitmap: np.ndarray, count: int, params: IvfParams) -> None:
+        import faiss
+
+        self.file, self.count, self.params = file, count, params
+        self.bitmap = np.ascontiguousarray(bitmap, dtype=np.uint8)  # kept alive for FAISS
+        self.selector = faiss.IDSelectorBitmap(len(self.bitmap) * 8, faiss.swig_ptr(self.bitmap))
+        self.approximate = file.approximate
+        self.refine = params.refine if file.approximate else 1
+
+    def __len__(self) -> int:
+        return self.count
+
+    def search(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        import faiss
+
+        k = min(k, self.count)
+        if k <= 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.float32)
+        if self.file.approximate:
+            nprobe = min(self.params.nprobe, self.file.ivf.nlist)
+            sp = faiss.SearchParametersIVF(sel=self.selector, nprobe=nprobe)
+        else:
+            sp = faiss.SearchParameters(sel=self.selector)
+        scores, labels = self.file.index.search(
+            np.ascontiguousarray(q, dtype=np.float32)[None], k, params=sp)
+        keep = labels[0] >= 0
+        return labels[0][keep].astype(np.int64), scores[0][keep].astype(np.float32)
+
+
+def read_template(env, gen: int) -> bytes | None:
+    """Generation ``gen``'s trained template, or None before the first is trained."""
+    with env.read() as txn:
+        raw = txn.get(template_key(gen), db=env.dbs["meta"])
+    return bytes(unpack(raw)) if raw is not None else None

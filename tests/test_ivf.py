@@ -1,0 +1,253 @@
+"""The compact IVF-PQ dense index (storage/ivf.py): recall against exact search, exact
+re-scores, persistence, a quantiser trained once and reused, optimize converting
+hnsw -> ivf, crash safety, damaged files and bad parameters.
+
+Real FAISS, LMDB and tantivy over the bundled sample corpus, with the tiny random encoder
+(hidden size 32: PQ with 32 one-byte codes)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import npmdb
+from npmdb.storage import ivf as I
+from npmdb.storage import segment_writer as SW
+from npmdb.storage.dense import DenseParams
+from npmdb.storage.format import VALID_END, VALID_START
+
+SAMPLE = Path(npmdb.__file__).parent / "data" / "dev-small"
+QUERIES = ["Thessaloniki is a city in [MASK].", "Salem is the capital of [MASK].",
+           "The currency of Japan is the [MASK].", "Paris is located in [MASK]."]
+
+
+@pytest.fixture(scope="module")
+def ivf_path(tmp_path_factory, tiny_encoder, sample_corpus):
+    """2,300 documents as an ivf database: a small first add (flat, before any template),
+    then two adds that train the template once and reuse it."""
+    path = tmp_path_factory.mktemp("ivf") / "db"
+    with npmdb.open(path, encoder=tiny_encoder, index="ivf", progress=False) as db:
+        db.add(sample_corpus[:20])
+        db.add(sample_corpus[20:1500])
+        db.add(sample_corpus[1500:2300])
+    return path
+
+
+def _template(path: Path, gen: int = 0) -> bytes | None:
+    with npmdb.open(path, readonly=True, progress=False) as db:
+        return I.read_template(db.env, gen)
+
+
+def test_small_first_segment_is_flat_then_one_template_is_trained_and_reused(ivf_path):
+    with npmdb.open(ivf_path, readonly=True, progress=False) as db:
+        assert db.stats()["index"] == {"ivf": 3}
+        with db.snapshot() as snap:
+            files = [I.IvfFile.load(Path(db.path) / "segments" / f"s{s.seg:06d}" /
+                                    f"g0.{I.IVF_FILE}") for s in snap.segments]
+        assert [f.kind for f in files] == ["flat", "ivf-pq", "ivf-pq"]
+        t = I.read_template(db.env, 0)
+    import faiss
+    tmpl = faiss.deserialize_index(np.frombuffer(t, np.uint8))
+    # both IVF segments hold the template's quantiser (the second add did not retrain)
+    for f in files[1:]:
+        q = faiss.downcast_index(f.ivf.quantizer)
+        tq = faiss.downcast_index(faiss.extract_index_ivf(tmpl).quantizer)
+        np.testing.assert_array_equal(faiss.rev_swig_ptr(q.get_xb(), q.ntotal * q.d),
+                                      faiss.rev_swig_ptr(tq.get_xb(), tq.ntotal * tq.d))
+
+
+def test_a_later_add_does_not_retrain(ivf_path, tmp_path, sample_corpus, monkeypatch):
+    import shutil
+    dst = tmp_path / "db"
+    shutil.copytree(ivf_path, dst)
+    before = _template(dst)
+    calls = []
+    real = I.train_template
+    monkeypatch.setattr(I, "train_template", lambda *a, **k: calls.append(1) or real(*a, **k))
+    with npmdb.open(dst, progress=False) as db:
+        db.add(sample_corpus[2300:2500])
+        assert db.stats()["index"] == {"ivf": 4}
+    assert calls == [] and _template(dst) == before
+
+
+def _exact_top(seg, snap, q, bit, k):
+    cols = seg.columns(snap.txn)
+    pos = np.flatnonzero(cols.flags & bit)
+    sc = seg.vectors(snap.txn, snap.generation, pos) @ q
+    order = np.argsort(-sc, kind="stable")[:k]
+    return pos[order], sc[order]
+
+
+def test_recall_against_exact_and_exact_rescores(ivf_path):
+    """Per segment and side: the index's candidates, re-ranked exactly from the stored
+    vectors, find >= 0.9 of the exact top-k, and the scores the engine keeps are exact."""
+    from npmdb.query.operators import DenseTopK, EncodeQuery, ExecState
+
+    with npmdb.open(ivf_path, readonly=True, progress=False) as db, db.snapshot() as snap:
+        rng = np.random.default_rng(0)
+        recalls = []
+        for seg in snap.segments[1:]:
+            for side, bit in (("start", VALID_START), ("end", VALID_END)):
+                seg.columns(snap.txn)
+                idx = seg.dense(snap.generation, side)
+                assert idx.approximate and idx.refine == 4
+                cols = seg.columns()
+                for t in rng.choice(cols.n_tokens, 5, replace=False):
+                    # a query near the corpus (as an encoded mask is): a token's vector
+                    q = seg.vectors(snap.txn, snap.generation, np.array([t]))[0]
+                    q = q + 0.1 * np.linalg.norm(q) / np.sqrt(seg.dim) * \
+                        rng.standard_normal(seg.dim).astype(np.float32)
+                    k = 64
+                    want, _ = _exact_top(seg, snap, q, bit, k)
+                    got, _ = idx.search(q, k * idx.refine)
+                    vecs = seg.vectors(snap.txn, snap.generation, got)
+                    top = got[np.argsort(-(vecs @ q), kind="stable")[:k]]
+                    recalls.append(len(set(top) & set(want)) / k)
+                    assert (seg.columns().flags[got] & bit).all()  # the side's own tokens
+        assert np.mean(recalls) >= 0.9, recalls
+        # the operator keeps the global top k by exact score among the index's candidates
+        st = ExecState(snap, QUERIES[0], encode=None)
+        enc = EncodeQuery("phrase")
+        op = DenseTopK("start", 32, children=(enc,))
+        st.outputs[id(enc)] = enc.run(st)
+        op.prepare(st)
+        got = op.run(st).by_side["start"]
+        q = st.outputs[id(enc)].side("start")
+        pool = []
+        for si, seg in enumerate(snap.segments):
+            idx = seg.dense(snap.generation, "start")
+            pos, _ = idx.search(q, 32 * getattr(idx, "refine", 1))
+            exact = seg.vectors(snap.txn, snap.generation, pos) @ q
+            pool += [(float(x), si, int(p)) for x, p in zip(exact, pos)]
+        want = {(si, p) for _, si, p in sorted(pool, reverse=True)[:32]}
+        assert {(si, int(p)) for si, ps in got.items() for p in ps} == want
+
+
+def test_answers_match_exact_search_and_survive_reopen(ivf_path):
+    with npmdb.open(ivf_path, readonly=True, progress=False) as db:
+        first = {q: [(a.text, round(a.score, 6)) for a in db.fill_mask(q, k=128, top=5)]
+                 for q in QUERIES}
+        agree = sum(db.fill_mask(q, k=128, top=1)[0].text ==
+                    db.fill_mask(q, k=128, top=1, exact=True)[0].text for q in QUERIES)
+        assert agree >= len(QUERIES) - 1
+    with npmdb.open(ivf_path, readonly=True, progress=False) as db:
+        again = {q: [(a.text, round(a.score, 6)) for a in db.fill_mask(q, k=128, top=5)]
+                 for q in QUERIES}
+    assert again == first
+
+
+def test_optimize_converts_hnsw_to_ivf_with_unchanged_exact_answers(tmp_path, tiny_encoder,
+                                                                     sample_corpus):
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:
+        db.add(sample_corpus[:600])
+        db.add(sample_corpus[600:1400])
+        assert db.stats()["index"] == {"hnsw": 2}
+        before = [[(a.text, round(a.score, 5)) for a in db.fill_mask(q, exact=True, top=5)]
+                  for q in QUERIES]
+        dense_before = [db.fill_mask(q, k=128, top=1)[0].text for q in QUERIES]
+        v = db.optimize(index="ivf")
+        assert db.stats()["index"] == {"ivf": 1} and db.config["dense"] == "ivf"
+        after = [[(a.text, round(a.score, 5)) for a in db.fill_mask(q, exact=True, top=5)]
+                 for q in QUERIES]
+        assert after == before
+        dense_after = [db.fill_mask(q, k=128, top=1)[0].text for q in QUERIES]
+        assert sum(a == b for a, b in zip(dense_before, dense_after)) >= len(QUERIES) - 1
+        db.add(sample_corpus[1400:1450])  # later segments follow the recorded kind
+        assert db.stats()["index"] == {"ivf": 2}
+        assert db.optimize(index="ivf") > v
+        assert db.check().ok
+
+
+def test_auto_picks_by_corpus_size(tmp_path, tiny_encoder, sample_corpus, monkeypatch):
+    monkeypatch.setattr(SW, "AUTO_IVF_TOKENS", 15_000)
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, index="auto", progress=False) as db:
+        db.add(sample_corpus[:50])
+        assert db.stats()["index"] == {"hnsw": 1}
+        db.add(sample_corpus[50:1500])
+        assert db.stats()["index"] == {"hnsw": 1, "ivf": 1}
+        assert db.config["dense"] == "auto"
+        assert db.fill_mask(QUERIES[1], k=64).answers
+
+
+def test_check_finds_a_damaged_list_file_and_queries_refuse_a_short_one(ivf_path, tmp_path):
+    import shutil
+    dst = tmp_path / "db"
+    shutil.copytree(ivf_path, dst)
+    f = dst / "segments" / "s000001" / f"g0.{I.IVF_FILE}"
+    with npmdb.open(dst, readonly=True, progress=False) as db:
+        assert db.check().ok
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # a flipped byte in the lists
+    f.write_bytes(bytes(data))
+    with npmdb.open(dst, readonly=True, progress=False) as db:
+        rep = db.check()
+        assert not rep.ok and any(I.IVF_FILE in str(p) for p in rep.problems), rep.problems
+    f.write_bytes(bytes(data[: len(data) // 3]))  # truncated: refused before FAISS maps it
+    with npmdb.open(dst, readonly=True, progress=False) as db:
+        with pytest.raises(npmdb.OperationalError, match="truncated"):
+            db.fill_mask(QUERIES[0], k=64)
+
+
+def test_bad_parameters_are_clear_errors_and_write_nothing(tmp_path, tiny_encoder,
+                                                          sample_corpus):
+    with pytest.raises(npmdb.ProgrammingError, match="unknown index kind 'ivfpq'"):
+        npmdb.open(tmp_path / "a", encoder=tiny_encoder, index="ivfpq", progress=False)
+    assert not (tmp_path / "a" / "data.mdb").exists()
+    with pytest.raises(npmdb.ProgrammingError, match="does not fit the encoder's dimension 32"):
+        npmdb.open(tmp_path / "b", encoder=tiny_encoder, index="ivf", progress=False,
+                   dense_params=DenseParams(ivf=I.IvfParams(m=5)))
+    assert not (tmp_path / "b" / "data.mdb").exists()
+    big = DenseParams(ivf=I.IvfParams(nlist=100_000))
+    with npmdb.open(tmp_path / "c", encoder=tiny_encoder, index="ivf", progress=False,
+                    dense_params=big) as db:
+        db.add(sample_corpus[:20])
+        v = db.version
+        with pytest.raises(npmdb.ProgrammingError, match="nlist=100000 is too large"):
+            db.add(sample_corpus[20:1500])
+        assert db.version == v and db.stats()["docs"] == 20 and db.check().ok
+        assert I.read_template(db.env, 0) is None
+    with npmdb.open(tmp_path / "c", progress=False) as db:
+        with pytest.raises(npmdb.ProgrammingError, match=r"convert with db.optimize\(index='hnsw'\)"):
+            npmdb.open(tmp_path / "c", index="hnsw", progress=False)
+        with pytest.raises(npmdb.ProgrammingError, match="unknown index kind"):
+            db.optimize(index="annoy")
+
+
+_ADDER = """
+import sys, json, gzip, npmdb
+path, enc = sys.argv[1], sys.argv[2]
+docs = [json.loads(l) for l in gzip.open(sys.argv[3], "rt")][:900]
+with npmdb.open(path, encoder=enc, index="ivf", progress=False) as db:
+    for i in range(0, 900, 300):
+        db.add(docs[i:i + 300])
+        print("COMMIT", db.version, flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_sigkill_during_ivf_adds_leaves_a_complete_head(tmp_path, tiny_encoder):
+    rng = np.random.default_rng(1)
+    path = tmp_path / "db"
+    for trial in range(4):
+        p = subprocess.Popen([sys.executable, "-c", _ADDER, str(path), str(tiny_encoder),
+                              str(SAMPLE / "corpus.jsonl.gz")], stdout=subprocess.PIPE,
+                             text=True)
+        time.sleep(float(rng.uniform(3.0, 12.0)))
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+        if not (path / "data.mdb").exists():
+            continue
+        with npmdb.open(path, progress=False) as db:  # recovers
+            rep = db.check()
+            assert rep.ok, rep.problems
+            if db.version is not None:
+                st = db.stats()
+                assert st["docs"] % 300 == 0 and st["docs"] >= 300
+                assert db.fill_mask(QUERIES[0], k=64).answers
