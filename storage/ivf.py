@@ -54,7 +54,7 @@ class IvfParams:
     nlist: int | None = None
     m: int | None = None
     nprobe: int = 48
-    refine: int = 4
+    refine: int = 2
     train_points: int = 131072
 
 

@@ -97,7 +97,7 @@ def test_recall_against_exact_and_exact_rescores(ivf_path):
             for side, bit in (("start", VALID_START), ("end", VALID_END)):
                 seg.columns(snap.txn)
                 idx = seg.dense(snap.generation, side)
-                assert idx.approximate and idx.refine == 4
+                assert idx.approximate and idx.refine == 2
                 cols = seg.columns()
                 for t in rng.choice(cols.n_tokens, 5, replace=False):
                     # a query near the corpus (as an encoded mask is): a token's vector

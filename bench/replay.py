@@ -1,0 +1,163 @@
+"""Build a larger database by replay, and measure what size costs.
+
+    python -m bench.replay --src build/dev.npmdb --dst build/replay-10m --tokens 10000000 \\
+        --index ivf [--codec float16] [--noise 0.05]
+
+Encoding 100M tokens on 2 cores would take days, so a large database is made from a real
+one: copy ``r`` of every document of ``--src`` gets the id ``r<r>:<id>`` and the same text,
+title and token columns, and its *stored* vectors plus Gaussian noise, written through the
+normal segment writer (one segment per source segment and copy, one version per copy),
+so the new database's codecs, index files, checksums and commits are exactly an ``add``'s.
+
+The noise: each vector gets ``noise · ‖v‖/√d · N(0, I)``, i.e. a perturbation of relative
+size ``noise`` (default 0.05: cosine to the original ~0.999). Copies then do not collapse
+onto identical points (which would make an ANN index's lists and graphs degenerate), while
+every copy keeps the neighbourhood of its original: a token's nearest neighbours are its
+own copies and the originals' neighbours' copies, as in a corpus where text recurs. Query
+answers are therefore the source's answers, each supported ``r`` times, and latency grows
+with the candidates an index must scan, as it would on real text.
+
+Then, in a fresh process: bytes per token on disk, open time, dense ``fill_mask`` p50/p99
+at k=1024 on cloze queries of ``--data``, and resident memory (RSS, anon). Results go to
+``bench/results/replay-<name>.json`` / ``.md``; ``--measure-only`` re-measures an existing
+``--dst``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .common import load_jsonl, percentiles, publish
+
+_PROBE = r"""
+import json, sys, time
+import npmdb
+
+def status():
+    got = {}
+    for line in open("/proc/self/status"):
+        if line.startswith(("VmRSS", "RssAnon", "RssFile")):
+            k, v = line.split(":")
+            got[k] = int(v.split()[0]) / 1024
+    return got
+
+t = time.perf_counter()
+db = npmdb.open(sys.argv[1], readonly=True, progress=False)
+open_s = time.perf_counter() - t
+qs = json.loads(sys.argv[2]); k = int(sys.argv[3])
+t = time.perf_counter(); db.fill_mask(qs[0], k=k); first_s = time.perf_counter() - t
+ms, stages = [], {}
+for q in qs:
+    t = time.perf_counter(); res = db.fill_mask(q, k=k, evidence=1)
+    ms.append((time.perf_counter() - t) * 1e3)
+    for s in res.stats:
+        stages.setdefault(s.operator, []).append(s.ms)
+st = db.stats()
+print(json.dumps({"open_s": open_s, "first_s": first_s, "ms": ms, "rss": status(),
+                  "stages": {k: sorted(v)[len(v) // 2] for k, v in stages.items()},
+                  "tokens": st["tokens"], "bytes": st["bytes_on_disk"], "index": st["index"],
+                  "segments": st["segments"]}))
+"""
+
+
+def replay(src: Path, dst: Path, tokens: int, index: str, codec: str, noise: float,
+           log=print) -> dict:
+    """Write copies of ``src`` into a new database ``dst`` until it holds ``tokens``."""
+    import npmdb
+    from npmdb.corpus import Document
+
+    rng = np.random.default_rng(7)
+    t0 = time.perf_counter()
+    with npmdb.open(src, readonly=True, progress=False) as s, \
+            npmdb.open(dst, index=index, codec=codec, progress=False) as d:
+        src_tokens = int(s.stats()["tokens"])
+        copies = max(1, -(-tokens // src_tokens))
+        have = int(d.stats()["tokens"])
+        start = have // src_tokens
+        for r in range(start, copies):
+            t = time.perf_counter()
+            with s.snapshot() as snap, d.batch(f"replay copy {r}") as w:
+                for seg in snap.segments:
+                    cols = seg.columns(snap.txn)
+                    docs = [seg.doc(snap.txn, i) for i in range(seg.record.docs)]
+                    new = w.allocate_segment()
+                    sw = w.segment_writer(new, w.generation)
+                    ids = [f"r{r}:{x.id}" for x in docs]
+                    sw.add_documents(
+                        [Document(i, x.title, x.text, x.meta) for i, x in zip(ids, docs)],
+                        {"tokens": cols.tokens, "flags": cols.flags, "offsets": cols.offsets,
+                         "block_ptr": cols.block_ptr, "block_doc": cols.block_doc})
+                    for base, stored in seg.iter_chunks(snap.txn, snap.generation):
+                        v = seg.codec.decode(np.asarray(stored))
+                        if r and noise:
+                            scale = noise * np.linalg.norm(v, axis=1, keepdims=True) / \
+                                np.sqrt(v.shape[1])
+                            v = v + scale * rng.standard_normal(v.shape, dtype=np.float32)
+                        sw.add_vectors(v.astype(np.float16))
+                    w.append(sw.finish(), ids)
+            log(f"copy {r + 1}/{copies}: {time.perf_counter() - t:.0f} s, "
+                f"{d.stats()['tokens']} tokens")
+    return {"src": str(src), "dst": str(dst), "copies": copies, "noise": noise,
+            "index": index, "codec": codec, "build_s": time.perf_counter() - t0}
+
+
+def measure(dst: Path, data: Path, k: int, n: int) -> dict:
+    qs = [r["query"] for r in load_jsonl(data / "cloze.jsonl")[:n]]
+    out = subprocess.run([sys.executable, "-c", _PROBE, str(dst), json.dumps(qs), str(k)],
+                         capture_output=True, text=True, check=True)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got["latency"] = percentiles(got.pop("ms"))
+    got["bytes_per_token"] = got["bytes"] / max(got["tokens"], 1)
+    return got
+
+
+def render(out: dict) -> str:
+    m = out["measured"]
+    b = out.get("build", {})
+    return "\n".join([
+        f"## Replayed database {Path(out['dst']).name}: {m['tokens']:,} tokens, "
+        f"{m['segments']} segments, index {m['index']}", "",
+        "| tokens | B/token | open ms | first query s | dense p50 ms | p99 ms | RSS MB | "
+        "anon MB | build s |", "|---|---|---|---|---|---|---|---|---|",
+        f"| {m['tokens']:,} | {m['bytes_per_token']:.0f} | {m['open_s'] * 1e3:.1f} | "
+        f"{m['first_s']:.1f} | {m['latency']['p50']:.1f} | {m['latency']['p99']:.1f} | "
+        f"{m['rss']['VmRSS']:.0f} | {m['rss']['RssAnon']:.0f} | "
+        f"{b.get('build_s', float('nan')):.0f} |", "",
+        "Median ms per operator: " + ", ".join(f"{k} {v:.1f}" for k, v in
+                                               sorted(m["stages"].items(), key=lambda x: -x[1])),
+        "", f"k={out['k']}, {out['queries']} cloze queries, measured in a fresh process "
+        f"(RSS after the queries; the LMDB file and IVF lists are memory-mapped). Built from "
+        f"{b.get('src', '?')} by {b.get('copies', '?')} copies, noise {b.get('noise', '?')}.",
+        ""])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--src", type=Path, required=True)
+    ap.add_argument("--dst", type=Path, required=True)
+    ap.add_argument("--tokens", type=int, default=10_000_000)
+    ap.add_argument("--index", default="ivf")
+    ap.add_argument("--codec", default="float16")
+    ap.add_argument("--noise", type=float, default=0.05)
+    ap.add_argument("--data", type=Path, default=Path("../shared/data/dev"))
+    ap.add_argument("--queries", type=int, default=100)
+    ap.add_argument("-k", type=int, default=1024)
+    ap.add_argument("--measure-only", action="store_true")
+    a = ap.parse_args(argv)
+    out: dict = {"dst": str(a.dst), "k": a.k, "queries": a.queries}
+    if not a.measure_only:
+        out["build"] = replay(a.src, a.dst, a.tokens, a.index, a.codec, a.noise,
+                              log=lambda m: print(m, file=sys.stderr, flush=True))
+    out["measured"] = measure(a.dst, a.data, a.k, a.queries)
+    return publish(f"replay-{a.dst.name}", out, render)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
