@@ -191,6 +191,7 @@ def render(res: dict, plots: dict[str, str]) -> str:
         from .growth import render as gr_render
         lines += ["", "## Growth with corpus size", "", gr_render(gr).rstrip()]
     lines += serving_section()
+    lines += scale_section()
     lines += ["", "## Reproduce", "", "    make bench            # = .venv/bin/python -m bench "
               "(../shared/data/dev)", "    python -m bench --data npmdb/data/dev-small --quick",
               "    python -m bench --only ann,codecs   # re-run some steps; others are kept", ""]
@@ -205,6 +206,29 @@ def serving_section(results_dir: Path = RESULTS) -> list[str]:
     body = path.read_text(encoding="utf-8").rstrip().split("\n", 2)[2].strip()
     return ["", "## Serving (`npmdb serve`)", "", "`python -m bench.serve_load` (`make "
             "serve-load`), its own run:", "", body]
+
+
+def scale_section(results_dir: Path = RESULTS) -> list[str]:
+    """The dense index kinds compared (``python -m bench.ivf``) and the replayed large
+    databases (``python -m bench.replay``): their own runs, kept across suite runs."""
+    out: list[str] = []
+    kinds = results_dir / "ivf-dev.md"
+    if kinds.exists():
+        body = kinds.read_text(encoding="utf-8").rstrip().split("\n", 1)[1].strip()
+        out += ["", "## Dense index kinds at 1M tokens (hnsw / ivf / exact)", "",
+                "`python -m bench.ivf --db <dev database> --data ../shared/data/dev`, its "
+                "own run:", "", body]
+    replays = sorted(results_dir.glob("replay-*.md"))
+    if replays:
+        out += ["", "## Replayed large databases", "",
+                "`python -m bench.replay` (copies of the dev database's documents with their "
+                "stored vectors plus noise, written through the segment writer; see its "
+                "docstring), each its own run:"]
+        for p in replays:
+            out += ["", "### " + p.read_text(encoding="utf-8").rstrip().split("\n", 1)[0]
+                    .removeprefix("## "), ""]
+            out += [p.read_text(encoding="utf-8").rstrip().split("\n", 1)[1].strip()]
+    return out
 
 
 def make_plots(res: dict, prefix: str, results_dir: Path = RESULTS) -> dict[str, str]:

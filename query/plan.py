@@ -47,7 +47,7 @@ class Plan:
         stats = {id(op): st for op, st in getattr(self, "_measured", [])}
         for depth, op in self.operators():
             line = "  " * depth + ("-> " if depth else "") + op.name
-            d = op.detail()
+            d = stats[id(op)].detail if analyze and id(op) in stats else op.detail()
             if d:
                 line += f" ({d})"
             if analyze and id(op) in stats:

@@ -16,7 +16,7 @@ from .format import pack, pack_array, unpack, unpack_array
 
 __all__ = [
     "VectorCodec", "Float16Codec",
-    "Int8Codec", "PQCodec", "PQSpec", "get_codec", "load_codec", "save_codec_state",
+    "Int8Codec", "Int4Codec", "PQCodec", "PQSpec", "get_codec", "load_codec", "save_codec_state",
     "is_stateful", "CODECS", "CODEC_STATE_KEY",
 ]
 
@@ -87,6 +87,45 @@ class Int8Codec:
 
     def bytes_per_vector(self, dim: int) -> int:
         return dim + 4
+
+
+@dataclass(frozen=True)
+class Int4Codec:
+    """Asymmetric per-vector 4-bit: two components a byte (low nibble first), then the
+    vector's minimum and step as float16 (``dim / 2 + 4`` bytes: 196 for dim 384). The
+    codes are computed against the float16-rounded minimum and step, so decoding gives
+    the nearest of the 16 levels the stored numbers describe."""
+
+    name: str = "int4"
+
+    def encode(self, x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float32)
+        if x.shape[1] % 2:
+            raise DataError(f"codec 'int4' needs an even dimension, got {x.shape[1]}")
+        lo = x.min(axis=1, keepdims=True).astype(np.float16)
+        step = ((x.max(axis=1, keepdims=True) - lo.astype(np.float32)) / 15.0)
+        step = np.maximum(step, 1e-7).astype(np.float16)
+        step[step == 0] = np.float16(2 ** -24)
+        q = np.clip(np.rint((x - lo.astype(np.float32)) / step.astype(np.float32)), 0, 15)
+        q = q.astype(np.uint8)
+        out = np.empty((x.shape[0], x.shape[1] // 2 + 4), dtype=np.uint8)
+        out[:, :-4] = q[:, 0::2] | (q[:, 1::2] << 4)
+        out[:, -4:-2] = lo.astype("<f2").view(np.uint8)
+        out[:, -2:] = step.astype("<f2").view(np.uint8)
+        return out
+
+    def decode(self, stored: np.ndarray) -> np.ndarray:
+        stored = np.ascontiguousarray(stored)
+        packed = stored[:, :-4]
+        q = np.empty((len(stored), packed.shape[1] * 2), dtype=np.float32)
+        q[:, 0::2] = packed & 0x0F
+        q[:, 1::2] = packed >> 4
+        lo = stored[:, -4:-2].copy().view("<f2").astype(np.float32)
+        step = stored[:, -2:].copy().view("<f2").astype(np.float32)
+        return lo + q * step
+
+    def bytes_per_vector(self, dim: int) -> int:
+        return dim // 2 + 4
 
 
 # -- stateful codecs: product quantisation (FAISS layout, trained per database) -------------
@@ -391,7 +430,8 @@ def is_stateful(name: str) -> bool:
     return bool(_PQ_NAME.match(name))
 
 
-CODECS: dict[str, VectorCodec] = {"float16": Float16Codec(), "int8": Int8Codec()}
+CODECS: dict[str, VectorCodec] = {"float16": Float16Codec(), "int8": Int8Codec(),
+                                  "int4": Int4Codec()}
 
 
 def get_codec(name: str, env=None):

@@ -95,7 +95,7 @@ def codec_dbs(tmp_path_factory, tiny_encoder, sample_corpus):
     """The same 300 documents in one database per codec (two adds each)."""
     root = tmp_path_factory.mktemp("codecs")
     paths = {}
-    for name in ("float16", "int8", "pq", "pq16"):
+    for name in ("float16", "int8", "int4", "pq", "pq16"):
         path = root / name
         with npmdb.open(path, encoder=tiny_encoder, codec=name, progress=False) as db:
             db.add(sample_corpus[:150])
@@ -117,7 +117,7 @@ def _stored_width(db) -> set[int]:
 
 
 def test_codec_databases_store_their_width(codec_dbs):
-    widths = {"float16": 64, "int8": 36, "pq": 8, "pq16": 16}  # bytes per vector, dim 32
+    widths = {"float16": 64, "int8": 36, "int4": 20, "pq": 8, "pq16": 16}  # dim 32
     for name, path in codec_dbs.items():
         with npmdb.open(path, progress=False) as db:
             assert db.config["codec"] == name
@@ -162,16 +162,35 @@ def test_two_pq_databases_open_at_once(codec_dbs):
         assert {i["codec"] for i in _segment_infos(a)} != {i["codec"] for i in _segment_infos(b)}
 
 
-def test_codec_scores_track_float16(codec_dbs):
-    """Exact scores of the same spans: int8 within a few per cent of float16."""
+@pytest.mark.parametrize("name,tol,common", [("int8", 0.05, 10), ("int4", 0.15, 8)])
+def test_codec_scores_track_float16(codec_dbs, name, tol, common):
+    """Exact scores of the same spans: int8 within a few per cent of float16, int4 within
+    fifteen."""
     with npmdb.open(codec_dbs["float16"], progress=False) as f16, \
-            npmdb.open(codec_dbs["int8"], progress=False) as i8:
+            npmdb.open(codec_dbs[name], progress=False) as other:
         a = {x.text: x.score for x in f16.fill_mask(QUERY, top=20, exact=True, scoring="raw")}
-        b = {x.text: x.score for x in i8.fill_mask(QUERY, top=20, exact=True, scoring="raw")}
-        common = set(a) & set(b)
-        assert len(common) >= 10
-        for t in common:
-            assert b[t] == pytest.approx(a[t], rel=0.05, abs=0.05)
+        b = {x.text: x.score for x in other.fill_mask(QUERY, top=20, exact=True, scoring="raw")}
+        both = set(a) & set(b)
+        assert len(both) >= common
+        for t in both:
+            assert b[t] == pytest.approx(a[t], rel=tol, abs=tol)
+
+
+def test_int4_codes_round_trip_to_the_nearest_level():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((500, 48)).astype(np.float32)
+    x[0] = 0.0  # a constant vector
+    c = C.get_codec("int4")
+    stored = c.encode(x)
+    assert stored.shape == (500, 48 // 2 + 4) == (500, c.bytes_per_vector(48))
+    y = c.decode(stored)
+    step = stored[:, -2:].copy().view("<f2").astype(np.float32)
+    assert np.all(np.abs(y - x) <= step / 2 + 1e-3 * np.abs(x).max())  # the nearest level
+    np.testing.assert_array_equal(y[0], 0.0)
+    cos = (x[1:] * y[1:]).sum(1) / np.linalg.norm(x[1:], axis=1) / np.linalg.norm(y[1:], axis=1)
+    assert cos.min() > 0.98
+    with pytest.raises(npmdb.DataError, match="even dimension"):
+        c.encode(x[:, :47])
 
 
 def test_pq_database_optimize_and_refresh(tmp_path, tiny_encoder, sample_corpus):
