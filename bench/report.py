@@ -218,6 +218,12 @@ def scale_section(results_dir: Path = RESULTS) -> list[str]:
         out += ["", "## Dense index kinds at 1M tokens (hnsw / ivf / exact)", "",
                 "`python -m bench.ivf --db <dev database> --data ../shared/data/dev`, its "
                 "own run:", "", body]
+    em = results_dir / "compact-em-dev.md"
+    if em.exists():
+        body = em.read_text(encoding="utf-8").rstrip().split("\n", 1)[1].strip()
+        out += ["", "## Answers lost to compression (codec + index, 1M tokens)", "",
+                "`python -m bench.compact_em` (the dev database against copies written with "
+                "another codec and index by `bench.replay`), its own run:", "", body]
     replays = sorted(results_dir.glob("replay-*.md"))
     if replays:
         out += ["", "## Replayed large databases", "",

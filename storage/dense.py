@@ -40,7 +40,9 @@ IVF = "ivf"  # the compact kind for large corpora (npmdb.storage.ivf: one file, 
 INDEX_KINDS = ("hnsw", "faiss-hnsw", "faiss-flat")  # one file per side (this module)
 SEGMENT_KINDS = INDEX_KINDS + (IVF,)  # what a segment may record
 AUTO = "auto"  # per segment when it is written: hnsw below AUTO_IVF_TOKENS, ivf from there
-AUTO_IVF_TOKENS = 2_000_000  # corpus tokens (HEAD's plus the new segment's); bench/ivf.py
+# corpus tokens (HEAD's plus the new segment's) from which "auto" writes ivf: at 1M, ivf
+# answered with hnsw's p50 and a quarter of its anon memory (bench/results/ivf-dev.md)
+AUTO_IVF_TOKENS = 1_000_000
 # the names npmdb.open(index=...) accepts, and the kind each records
 INDEX_NAMES = {"auto": AUTO, "hnsw": "hnsw", "ivf": IVF, "exact": "faiss-flat",
                "faiss-hnsw": "faiss-hnsw", "faiss-flat": "faiss-flat"}
