@@ -208,22 +208,23 @@ def serving_section(results_dir: Path = RESULTS) -> list[str]:
             "serve-load`), its own run:", "", body]
 
 
+def _own_run(path: Path, title: str, how: str) -> list[str]:
+    """A step's results file (its first line, the title, replaced) under ``title``."""
+    if not path.exists():
+        return []
+    body = path.read_text(encoding="utf-8").rstrip().split("\n", 1)[1].strip()
+    return ["", f"## {title}", "", f"{how}, its own run:", "", body]
+
+
 def scale_section(results_dir: Path = RESULTS) -> list[str]:
-    """The dense index kinds compared (``python -m bench.ivf``) and the replayed large
-    databases (``python -m bench.replay``): their own runs, kept across suite runs."""
-    out: list[str] = []
-    kinds = results_dir / "ivf-dev.md"
-    if kinds.exists():
-        body = kinds.read_text(encoding="utf-8").rstrip().split("\n", 1)[1].strip()
-        out += ["", "## Dense index kinds at 1M tokens (hnsw / ivf / exact)", "",
-                "`python -m bench.ivf --db <dev database> --data ../shared/data/dev`, its "
-                "own run:", "", body]
-    em = results_dir / "compact-em-dev.md"
-    if em.exists():
-        body = em.read_text(encoding="utf-8").rstrip().split("\n", 1)[1].strip()
-        out += ["", "## Answers lost to compression (codec + index, 1M tokens)", "",
-                "`python -m bench.compact_em` (the dev database against copies written with "
-                "another codec and index by `bench.replay`), its own run:", "", body]
+    """The dense index kinds compared (``python -m bench.ivf``), what compression costs in
+    answers (``bench.compact_em``) and the replayed large databases (``bench.replay``):
+    their own runs, kept across suite runs."""
+    out = _own_run(results_dir / "ivf-dev.md", "Dense index kinds at 1M tokens (hnsw / ivf / "
+                   "exact)", "`python -m bench.ivf --db <dev database> --data ../shared/data/dev`")
+    out += _own_run(results_dir / "compact-em-dev.md", "Answers lost to compression (codec + "
+                    "index, 1M tokens)", "`python -m bench.compact_em` (the dev database "
+                    "against copies written with another codec and index by `bench.replay`)")
     replays = sorted(results_dir.glob("replay-*.md"))
     if replays:
         out += ["", "## Replayed large databases", "",
@@ -231,9 +232,8 @@ def scale_section(results_dir: Path = RESULTS) -> list[str]:
                 "stored vectors plus noise, written through the segment writer; see its "
                 "docstring), each its own run:"]
         for p in replays:
-            out += ["", "### " + p.read_text(encoding="utf-8").rstrip().split("\n", 1)[0]
-                    .removeprefix("## "), ""]
-            out += [p.read_text(encoding="utf-8").rstrip().split("\n", 1)[1].strip()]
+            head, body = p.read_text(encoding="utf-8").rstrip().split("\n", 1)
+            out += ["", "### " + head.removeprefix("## "), "", body.strip()]
     return out
 
 
