@@ -155,6 +155,11 @@ def main(argv=None) -> int:
     if not a.measure_only:
         out["build"] = replay(a.src, a.dst, a.tokens, a.index, a.codec, a.noise,
                               log=lambda m: print(m, file=sys.stderr, flush=True))
+    else:  # keep how the database was built, from the run that built it
+        from .common import RESULTS
+        prev = RESULTS / f"replay-{a.dst.name}.json"
+        if prev.exists():
+            out["build"] = json.loads(prev.read_text()).get("build", {})
     out["measured"] = measure(a.dst, a.data, a.k, a.queries)
     return publish(f"replay-{a.dst.name}", out, render)
 
