@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from .common import load_jsonl, percentiles, publish
+from .common import load_jsonl, publish
 from .quality import evaluate_cloze
+from .replay import measure
 
 KINDS = ("hnsw", "ivf", "exact")
 
@@ -69,39 +69,6 @@ def _recall(db, rows: list[dict], k: int) -> float:
     return float(np.mean(out))
 
 
-_PROBE = r"""
-import json, sys, time
-import npmdb
-
-def rss_mb():  # this process's own pages (ru_maxrss would carry the forking parent's peak)
-    got = {}
-    for line in open("/proc/self/status"):
-        if line.startswith(("VmRSS", "RssAnon", "RssFile")):
-            k, v = line.split(":")
-            got[k] = int(v.split()[0]) / 1024
-    return got
-
-t = time.perf_counter()
-db = npmdb.open(sys.argv[1], readonly=True, progress=False)
-open_s = time.perf_counter() - t
-qs = json.loads(sys.argv[2]); k = int(sys.argv[3])
-db.fill_mask(qs[0], k=k)                      # torch, encoder, columns
-ms = []
-for q in qs:
-    t = time.perf_counter(); db.fill_mask(q, k=k, evidence=1); ms.append((time.perf_counter() - t) * 1e3)
-print(json.dumps({"open_s": open_s, "ms": ms, "rss": rss_mb()}))
-"""
-
-
-def _probe(path: Path, queries: list[str], k: int) -> dict:
-    """Latency, open time and RSS in a fresh process (so one kind's pages do not count
-    against another's)."""
-    import json
-    out = subprocess.run([sys.executable, "-c", _PROBE, str(path), json.dumps(queries), str(k)],
-                         capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def run(db_path: Path, data: Path, work: Path, n_queries: int, k: int) -> dict:
     import npmdb
 
@@ -123,12 +90,12 @@ def run(db_path: Path, data: Path, work: Path, n_queries: int, k: int) -> dict:
             em_exact = evaluate_cloze(db, rows, "dense", k=k, options={"exact": True}) \
                 if kind == "hnsw" else None
             recall = _recall(db, rows[: min(60, len(rows))], k)
-        probe = _probe(dst, [r["query"] for r in rows[:100]], k)
+        probe = measure(dst, data, k, min(100, len(rows)))  # a fresh process
         results[kind] = {"tokens": tokens, "index": st["index"],
                          "bytes_per_token": st["bytes_on_disk"] / tokens,
                          "dense_bytes_per_token": _dense_bytes(dst) / tokens,
                          "build_s": build_s, "em_dense": em["em_micro"],
-                         "recall": recall, "latency": percentiles(probe["ms"]),
+                         "recall": recall, "latency": probe["latency"],
                          "open_ms": probe["open_s"] * 1e3, "rss_mb": probe["rss"]["VmRSS"],
                          "rss_anon_mb": probe["rss"]["RssAnon"],
                          "compact_bytes_per_token": _compact_bytes(dst) / tokens}
