@@ -320,6 +320,22 @@ def _merge_topk(side: str, found: list[tuple[int, np.ndarray, np.ndarray]],
                       int(len(pos)), qv.vectors)
 
 
+def _top_candidates(found: list[tuple[int, np.ndarray, np.ndarray]], n: int
+                    ) -> dict[int, np.ndarray]:
+    """The best ``n`` distinct (segment, position) pairs of ``found`` by score, as positions
+    per segment. Approximate scores of different segments are comparable: every segment
+    of an embedding generation is coded with the same trained template."""
+    segs = np.concatenate([np.full(len(p), si, np.int64) for si, p, _ in found])
+    key = segs * (1 << 40) + np.concatenate([p for _, p, _ in found])
+    sc = np.concatenate([s for _, _, s in found])
+    order = np.argsort(-sc, kind="stable")
+    key = key[order]
+    _, first = np.unique(key, return_index=True)  # a token found from both sides once
+    key = key[np.sort(first)[:n]]
+    segs, pos = key >> 40, key & ((1 << 40) - 1)
+    return {int(si): pos[segs == si] for si in np.unique(segs)}
+
+
 @dataclass(frozen=True)
 class DenseTopK(Operator):
     """Top ``k`` valid starts (or ends, or tokens) from the ANN index of every segment."""
@@ -373,18 +389,32 @@ class DenseTopK(Operator):
                     if len(labels) >= self.k * refine or want >= len(idx):
                         break
                     want = min(len(idx), want * 4)
-                if getattr(idx, "approximate", False) and len(labels):
-                    with st.txn_lock:  # the snapshot's transaction: one thread at a time
-                        vecs = seg.vectors(snap.txn, snap.generation, labels)
-                    scores = (vecs @ np.asarray(q, np.float32)).astype(np.float32)
-                    order = np.argsort(-scores, kind="stable")
-                    labels, scores = labels[order], scores[order]
-                out.append((si, labels[: self.k], scores[: self.k]))
+                approximate = bool(getattr(idx, "approximate", False))
+                out.append((si, labels, scores, refine if approximate else 0))
             return out
 
         found = [f for part in per_segment(one, len(snap.segments)) for f in part]
+        exact = [(si, p, s) for si, p, s, refine in found if not refine]
+        approx = [(si, p, s) for si, p, s, refine in found if refine]
+        if approx:  # re-score the global best refine * k, not refine * k per segment
+            refine = max(r for *_, r in found)
+            exact += self._rescore(st, q, _top_candidates(approx, self.k * refine))
         kinds = sorted({seg.record.dense for seg in snap.segments})
-        return replace(_merge_topk(self.side, found, self.k, qv), index=", ".join(kinds))
+        return replace(_merge_topk(self.side, exact, self.k, qv), index=", ".join(kinds))
+
+    @staticmethod
+    def _rescore(st: ExecState, q: np.ndarray, cands: dict[int, np.ndarray]) -> list:
+        """Exact scores of approximate candidates (positions per segment), from the stored
+        vectors; segments side by side."""
+        snap, todo = st.snapshot, sorted(cands)
+        q32 = np.asarray(q, np.float32)
+
+        def one(i: int) -> tuple:
+            si = todo[i]
+            with st.txn_lock:  # the snapshot's transaction: one thread at a time
+                vecs = snap.segments[si].vectors(snap.txn, snap.generation, cands[si])
+            return si, cands[si], (vecs @ q32).astype(np.float32)
+        return per_segment(one, len(todo))
 
 
 @dataclass(frozen=True)

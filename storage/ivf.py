@@ -12,9 +12,11 @@ segment's token positions (FAISS ``IDSelectorBitmap``), so no side is over-fetch
   index. Every later segment of that generation reuses it: an ``add`` only assigns and
   encodes its vectors, it never retrains. ``optimize()`` rewrites segments with the
   current template.
-* **Memory-mapped.** The file is read with ``IO_FLAG_MMAP``: the inverted lists (codes and
-  ids) stay on disk and in the page cache; resident memory per segment is the coarse
-  centroids (``nlist x dim`` float32) and the codebooks.
+* **Memory-mapped.** The file is read with ``IO_FLAG_MMAP_IFC``: FAISS's in-memory list
+  layout points into one read-only mapping of the file, so the inverted lists (codes and
+  ids) stay in the page cache, never copied; resident memory per segment is the coarse
+  centroids (``nlist x dim`` float32) and the codebooks. (``IO_FLAG_MMAP``, FAISS's
+  on-disk lists, measured 1.7-2.3x slower per search for the same memory.)
 * **Exact where it counts.** PQ scores only rank candidates: a search returns
   ``refine * k`` of them (:attr:`IvfSide.refine`) and the query engine re-scores those
   exactly from the stored vectors before keeping the top ``k``.
@@ -167,7 +169,7 @@ class IvfFile:
             raise OperationalError(f"the dense index {path} is missing: the database directory "
                                    "is incomplete (run `npmdb check`)")
         try:
-            index = faiss.read_index(str(path), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
+            index = faiss.read_index(str(path), faiss.IO_FLAG_MMAP_IFC)
         except RuntimeError as exc:
             raise OperationalError(f"cannot load the dense index {path}: "
                                    f"{str(exc).splitlines()[0][:300]}") from exc

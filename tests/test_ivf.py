@@ -112,7 +112,8 @@ def test_recall_against_exact_and_exact_rescores(ivf_path):
                     recalls.append(len(set(top) & set(want)) / k)
                     assert (seg.columns().flags[got] & bit).all()  # the side's own tokens
         assert np.mean(recalls) >= 0.9, recalls
-        # the operator keeps the global top k by exact score among the index's candidates
+        # the operator re-scores the global best refine * k approximate candidates (not
+        # refine * k per segment) and keeps the top k by exact score with the exact segments'
         st = ExecState(snap, QUERIES[0], encode=None)
         enc = EncodeQuery("phrase")
         op = DenseTopK("start", 32, children=(enc,))
@@ -120,12 +121,17 @@ def test_recall_against_exact_and_exact_rescores(ivf_path):
         op.prepare(st)
         got = op.run(st).by_side["start"]
         q = st.outputs[id(enc)].side("start")
-        pool = []
+        approx, pool = [], []
         for si, seg in enumerate(snap.segments):
             idx = seg.dense(snap.generation, "start")
-            pos, _ = idx.search(q, 32 * getattr(idx, "refine", 1))
-            exact = seg.vectors(snap.txn, snap.generation, pos) @ q
-            pool += [(float(x), si, int(p)) for x, p in zip(exact, pos)]
+            pos, sc = idx.search(q, 32 * idx.refine)
+            (approx if idx.approximate else pool).extend(
+                (float(x), si, int(p)) for x, p in zip(sc, pos))
+        assert len(approx) == 2 * 64  # two ivf-pq segments
+        for _, si, p in sorted(approx, reverse=True)[:64]:
+            seg = snap.segments[si]
+            pool.append((float(seg.vectors(snap.txn, snap.generation, np.array([p]))[0] @ q),
+                         si, p))
         want = {(si, p) for _, si, p in sorted(pool, reverse=True)[:32]}
         assert {(si, int(p)) for si, ps in got.items() for p in ps} == want
 
