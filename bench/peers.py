@@ -49,10 +49,11 @@ class LancePipeline:
             seg = snap.segments[0]
             cols = seg.columns(snap.txn)
             self.flags = cols.flags
-            self.block_start = cols.block_ptr[cols.block_of].astype(np.int64)
-            self.block_end = cols.block_ptr[cols.block_of + 1].astype(np.int64)
+            block_of = cols.block_of(np.arange(cols.n_tokens))
+            self.block_start = cols.block_ptr[block_of].astype(np.int64)
+            self.block_end = cols.block_ptr[block_of + 1].astype(np.int64)
             self.offsets = cols.offsets
-            doc_of = cols.block_doc[cols.block_of]
+            doc_of = cols.block_doc[block_of]
             self.doc_of = doc_of
             self.texts = {int(d): seg.doc(snap.txn, int(d)).text for d in np.unique(doc_of)}
             fresh = True  # rebuilt every run: the main database may have changed

@@ -8,11 +8,12 @@ transaction.
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from npmdb.storage.segments import SegmentReader, StoredDoc
+from npmdb.storage.segments import SegmentColumns, SegmentReader, StoredDoc
 from npmdb.storage import versions as V
 from npmdb.storage.versions import Manifest
 
@@ -48,9 +49,26 @@ class Snapshot:
         self.doc_filter = doc_filter
         self._allowed: dict[int, np.ndarray | None] = {}
         self._filter_cache = filter_cache if filter_cache is not None else {}
+        self._columns: dict[int, SegmentColumns] = {}
+        self._columns_lock = threading.Lock()
 
     def encoder(self) -> "Encoder":
         return self._encoder()
+
+    def columns(self, si: int) -> SegmentColumns:
+        """Segment ``si``'s token columns, zero-copy in this snapshot's transaction (valid
+        while the snapshot is open; see :meth:`SegmentReader.column_views`)."""
+        cols = self._columns.get(si)
+        if cols is None:
+            with self._columns_lock:
+                cols = self._columns.get(si)
+                if cols is None:
+                    cols = self._columns[si] = self.segments[si].column_views(self.txn)
+        return cols
+
+    def dense(self, si: int, side: str):
+        """Segment ``si``'s dense index of ``side`` for this snapshot's generation."""
+        return self.segments[si].dense(self.generation, side, self.columns(si).flags)
 
     def doc(self, si: int, local: int) -> StoredDoc:
         return self.segments[si].doc(self.txn, local)

@@ -361,8 +361,8 @@ class DenseTopK(Operator):
         # (and every segment's columns: an IVF index selects its side from the flags)
         snap = st.snapshot
         allowed = [snap.allowed_docs(si) for si in range(len(snap.segments))]
-        for seg in snap.segments:
-            seg.columns(snap.txn)
+        for si in range(len(snap.segments)):
+            snap.columns(si)
         st.prepared[id(self)] = allowed
 
     def run(self, st: ExecState) -> Candidates:
@@ -375,15 +375,15 @@ class DenseTopK(Operator):
         allowed = st.prepared.pop(id(self))
 
         def one(si: int) -> list:
-            seg, out = snap.segments[si], []
+            out = []
             for side in sides:
-                idx = seg.dense(snap.generation, side)
+                idx = snap.dense(si, side)
                 refine = getattr(idx, "refine", 1)  # compressed codes: re-rank refine * k
                 want = self.k * refine
                 while True:
                     labels, scores = idx.search(q, want)
                     if allowed[si] is not None and len(labels):
-                        keep = allowed[si][seg.columns().doc_of(labels)]
+                        keep = allowed[si][snap.columns(si).doc_of(labels)]
                         labels, scores = labels[keep], scores[keep]
                     # oversample until k live candidates are found or the index is exhausted
                     if len(labels) >= self.k * refine or want >= len(idx):
@@ -438,7 +438,7 @@ class ExactTopK(Operator):
         q = qv.side(self.side)
         found = []
         for si, seg in enumerate(snap.segments):
-            cols = seg.columns(snap.txn)
+            cols = snap.columns(si)
             mask = (cols.flags & side_flags(self.side, self.any_word)) != 0
             allowed = snap.allowed_docs(si)
             if allowed is not None:
@@ -466,7 +466,7 @@ class BM25Blocks(Operator):
         idf = global_idf([s.bm25() for s in snap.segments], terms) \
             if len(snap.segments) > 1 else None
         allowed = [snap.allowed_docs(si) for si in range(len(snap.segments))]
-        limits = [min(self.n, len(seg.columns(snap.txn).block_ptr) - 1)  # tantivy panics on
+        limits = [min(self.n, seg.record.blocks)  # tantivy panics on
                   for seg in snap.segments]                            # huge limits
 
         def one(si: int) -> list:
@@ -498,7 +498,7 @@ class BlockTokens(Operator):
         found: dict[str, dict[int, np.ndarray]] = {side: {} for side in sides}
         for hits in st.inputs(self, BlockHits):
             for si, block, _ in hits.hits:
-                cols = st.snapshot.segments[si].columns()
+                cols = st.snapshot.columns(si)
                 pos = np.arange(cols.block_ptr[block], cols.block_ptr[block + 1], dtype=np.int64)
                 for side in sides:
                     sel = pos[(cols.flags[pos] & side_flags(side, self.any_word)) != 0]

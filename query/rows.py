@@ -53,7 +53,7 @@ class EvidenceRows(Operator):
                 idx = idx[: self.per_answer]
             for i in idx.tolist():
                 si, s, e = int(occ.seg[i]), int(occ.s[i]), int(occ.e[i])
-                cols = snap.segments[si].columns()
+                cols = snap.columns(si)
                 text, doc = surface(snap, si, s, e)
                 a, b = int(cols.offsets[s, 0]), int(cols.offsets[e, 1])
                 rows.append({"phrase": g.text, "text": text, "support": g.support, "rank": rank,
@@ -77,7 +77,7 @@ class BlockRows(Operator):
         rows: list[dict] = []
         hits = [h for out in st.inputs(self, BlockHits) for h in out.hits]
         for si, block, score in hits:
-            cols = snap.segments[si].columns()
+            cols = snap.columns(si)
             doc = snap.doc(si, int(cols.block_doc[block]))
             a = int(cols.offsets[cols.block_ptr[block], 0])
             b = int(cols.offsets[cols.block_ptr[block + 1] - 1, 1])

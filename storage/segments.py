@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 import zlib
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -59,26 +59,23 @@ class SegmentColumns:
     offsets: np.ndarray    # int32[N, 2] character spans in the document text
     block_ptr: np.ndarray  # int64[B + 1]: block b holds tokens block_ptr[b]:block_ptr[b+1]
     block_doc: np.ndarray  # int32[B]: document (local number) of each block
-    block_of: np.ndarray = field(repr=False)  # int32[N]: block of each token
-
-    @classmethod
-    def build(cls, tokens, flags, offsets, block_ptr, block_doc) -> "SegmentColumns":
-        sizes = np.diff(block_ptr)
-        block_of = np.repeat(np.arange(len(sizes), dtype=np.int32), sizes)
-        return cls(tokens, flags, offsets, block_ptr, block_doc, block_of)
 
     @property
     def n_tokens(self) -> int:
         return len(self.tokens)
 
+    def block_of(self, pos):
+        """The block of each token position (no per-token array: a search over block_ptr)."""
+        return np.searchsorted(self.block_ptr, pos, side="right") - 1
+
     def doc_of(self, pos: np.ndarray) -> np.ndarray:
-        return self.block_doc[self.block_of[pos]]
+        return self.block_doc[self.block_of(pos)]
 
     def block_end(self, pos: np.ndarray) -> np.ndarray:
-        return self.block_ptr[self.block_of[pos] + 1]
+        return self.block_ptr[self.block_of(pos) + 1]
 
     def block_start(self, pos: np.ndarray) -> np.ndarray:
-        return self.block_ptr[self.block_of[pos]]
+        return self.block_ptr[self.block_of(pos)]
 
 
 class SegmentReader:
@@ -94,6 +91,7 @@ class SegmentReader:
         self.chunk = record.chunk
         self.codec = C.get_codec(record.codec, env=env)
         self._cols: SegmentColumns | None = None
+        self._cols_checked = False  # the columns' CRCs were verified in this process
         self._bm25: BM25Index | None = None
         self._dense: dict[tuple[int, str], DenseIndex] = {}
         self._ivf: dict[int, IvfFile] = {}
@@ -117,6 +115,8 @@ class SegmentReader:
     # -- columns ---------------------------------------------------------------------
 
     def columns(self, txn=None) -> SegmentColumns:
+        """The columns, copied into this process and kept (writers, maintenance, training);
+        queries read :meth:`column_views` instead."""
         if self._cols is None:
             with self._lock:
                 if self._cols is None:
@@ -137,7 +137,26 @@ class SegmentReader:
                 arrs = load(t)
         else:
             arrs = load(txn)
-        return SegmentColumns.build(**arrs)
+        self._cols_checked = True
+        return SegmentColumns(**arrs)
+
+    def column_views(self, txn) -> SegmentColumns:
+        """The columns as zero-copy views of ``txn``'s pages (a ``buffers=True`` read
+        transaction, as a snapshot's): valid while it is open, and never copied, so a
+        reader's resident memory does not grow with the corpus (the pages are the LMDB
+        file's, in the page cache). CRCs are checked the first time this process reads
+        them."""
+        if self._cols is not None:
+            return self._cols
+        check = not self._cols_checked
+        arrs = {}
+        for name in COLUMNS:
+            raw = txn.get(F.col_key(self.seg, name), db=self.env.dbs["segcols"])
+            if raw is None:
+                raise OperationalError(f"segment {self.seg} is missing its {name!r} column")
+            arrs[name] = F.unpack_array(raw, verify=check, what=f"segment {self.seg} {name}")
+        self._cols_checked = True
+        return SegmentColumns(**arrs)
 
     # -- vectors ----------------------------------------------------------------------
 
@@ -183,7 +202,7 @@ class SegmentReader:
         return arr
 
     def iter_chunks(self, txn, gen: int) -> Iterator[tuple[int, np.ndarray]]:
-        n = self.columns(txn).n_tokens
+        n = self.record.tokens
         for ch in range((n + self.chunk - 1) // self.chunk):
             yield ch * self.chunk, self.stored_chunk(txn, gen, ch)
 
@@ -223,7 +242,9 @@ class SegmentReader:
                     self._bm25 = BM25Index(segment_dir(self.root, self.seg) / "bm25")
         return self._bm25
 
-    def dense(self, gen: int, side: str) -> DenseIndex:
+    def dense(self, gen: int, side: str, flags: np.ndarray | None = None) -> DenseIndex:
+        """The dense index of ``side`` for generation ``gen`` (loaded once); an ``ivf``
+        segment selects its side from the token ``flags`` (``column_views(txn).flags``)."""
         key = (gen, side)
         idx = self._dense.get(key)
         if idx is None:
@@ -232,7 +253,7 @@ class SegmentReader:
                 if idx is None:
                     kind = self.record.dense
                     if kind == IVF:
-                        idx = self._ivf_side(gen, side)
+                        idx = self._ivf_side(gen, side, flags)
                     else:
                         self._verify_files([f"g{gen}.{side}.{kind}"])
                         idx = load_dense(kind, dense_path(self.root, self.seg, gen, side, kind),
@@ -240,20 +261,18 @@ class SegmentReader:
                     self._dense[key] = idx
         return idx
 
-    def _ivf_side(self, gen: int, side: str) -> IvfSide:
-        """A side of the segment's one IVF file (loaded once per generation; the columns
-        must be loaded: DenseTopK's prepare reads them)."""
+    def _ivf_side(self, gen: int, side: str, flags: np.ndarray | None) -> IvfSide:
+        """A side of the segment's one IVF file (loaded once per generation), selected by
+        a bitmap of ``flags`` (kept: 1 bit a token)."""
         file = self._ivf.get(gen)
         if file is None:
             rel = f"g{gen}.{IVF_FILE}"
             self._verify_files([rel], crc=False)  # memory-mapped: sizes here, CRCs in check
             file = self._ivf[gen] = IvfFile.load(segment_dir(self.root, self.seg) / rel)
-        if self._cols is None:
-            raise OperationalError(f"segment {self.seg}: columns are needed before its IVF "
-                                   "index (load them with columns(txn))")
+        if flags is None:
+            flags = self.columns().flags
         bit = F.VALID_START if side == "start" else F.VALID_END
-        bitmap = side_bitmap(self._cols.flags, bit)
-        return file.side(bitmap, int(np.count_nonzero(self._cols.flags & bit)),
+        return file.side(side_bitmap(flags, bit), int(np.count_nonzero(flags & bit)),
                          self.params.ivf)
 
     # -- documents --------------------------------------------------------------------

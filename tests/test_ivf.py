@@ -257,3 +257,37 @@ def test_sigkill_during_ivf_adds_leaves_a_complete_head(tmp_path, tiny_encoder):
                 st = db.stats()
                 assert st["docs"] % 300 == 0 and st["docs"] >= 300
                 assert db.fill_mask(QUERIES[0], k=64).answers
+
+
+def test_queries_read_columns_in_place_and_check_them(ivf_path, tmp_path):
+    """A reader's queries keep no copy of the token columns (zero-copy views of the
+    snapshot's pages: resident memory does not grow with the corpus), and a damaged
+    column is refused on first read, not answered from."""
+    import shutil
+
+    from npmdb.storage import format as F
+
+    with npmdb.open(ivf_path, readonly=True, progress=False) as db:
+        db.fill_mask(QUERIES[0], k=64, evidence=1)
+        db.fill_mask(QUERIES[1], k=64, exact=True)
+        assert db.search('Paris', limit=3)
+        with db.snapshot() as snap:
+            assert all(seg._cols is None for seg in snap.segments)  # nothing copied
+            cols = snap.columns(1)
+            assert not cols.tokens.flags.owndata and not cols.offsets.flags.writeable
+            assert snap.columns(1) is cols  # once per snapshot
+            assert (cols.doc_of(np.arange(cols.n_tokens)) ==
+                    np.repeat(cols.block_doc, np.diff(cols.block_ptr))).all()
+    dst = tmp_path / "db"
+    shutil.copytree(ivf_path, dst)
+    with npmdb.open(dst, progress=False) as db:
+        with db.snapshot() as snap:
+            seg = snap.segments[1].seg
+        key = F.col_key(seg, "tokens")
+        with db.env.read() as txn:
+            raw = bytearray(txn.get(key, db=db.env.dbs["segcols"]))
+        raw[-1] ^= 0xFF
+        db.env.write(lambda txn: txn.put(key, bytes(raw), db=db.env.dbs["segcols"]))
+    with npmdb.open(dst, readonly=True, progress=False) as db:
+        with pytest.raises(npmdb.OperationalError, match=f"corrupt segment {seg} tokens"):
+            db.fill_mask(QUERIES[0], k=64)
