@@ -46,7 +46,7 @@ class AssembleSpans(Operator):
         found = st.inputs(self, Candidates)
         starts_by, ends_by = Candidates.union(found, "start"), Candidates.union(found, "end")
         for si in sorted(set(starts_by) | set(ends_by)):
-            cols = st.snapshot.segments[si].columns()
+            cols = st.snapshot.columns(si)
             starts = starts_by.get(si, np.zeros(0, np.int64))
             ends = ends_by.get(si, np.zeros(0, np.int64))
             both = np.concatenate([starts, ends]).astype(np.int64)
@@ -153,8 +153,8 @@ class ScoreTokens(Operator):
 def surface(snap: Any, si: int, s: int, e: int) -> tuple[str, Any]:
     """The occurrence's text sliced from its document, and the document."""
     seg = snap.segments[si]
-    cols = seg.columns()
-    doc = seg.doc(snap.txn, int(cols.block_doc[cols.block_of[s]]))
+    cols = snap.columns(si)
+    doc = seg.doc(snap.txn, int(cols.block_doc[cols.block_of(s)]))
     return doc.text[cols.offsets[s, 0]:cols.offsets[e, 1]], doc
 
 
@@ -169,9 +169,9 @@ class Surfaces:
         for si in np.unique(seg):
             rows = np.flatnonzero(seg == si)
             reader = snap.segments[int(si)]
-            cols = reader.columns()
+            cols = snap.columns(int(si))
             ss, ee = s[rows], e[rows]
-            dl = cols.block_doc[cols.block_of[ss]]
+            dl = cols.block_doc[cols.block_of(ss)]
             self.docs[rows] = dl
             texts = {int(d): reader.doc_view(snap.txn, int(d), fold_view) for d in np.unique(dl)}
             self._parts.append((rows, dl, cols.offsets[ss, 0], cols.offsets[ee, 1], texts))
@@ -191,19 +191,29 @@ class Surfaces:
         return out
 
     def text(self, i: int) -> str:
+        return self.texts([i])[0]
+
+    def texts(self, idx: list[int]) -> list[str]:
+        """The surface texts of occurrences ``idx`` (one vectorised lookup: the thousands of
+        answers a query groups cost a slice each, not numpy scalar indexing)."""
         if self._where is None:  # occurrence -> (part, row within the part)
             self._where = np.zeros((self.n, 2), dtype=np.int64)
             for p, (rows, *_rest) in enumerate(self._parts):
                 self._where[rows, 0] = p
                 self._where[rows, 1] = np.arange(len(rows))
-        p, j = self._where[i]
-        _rows, dl, a, b, texts = self._parts[p]
-        return texts[int(dl[j])][0][int(a[j]):int(b[j])]
+        where = self._where[np.asarray(idx, dtype=np.int64)]
+        out: list[str] = [""] * len(idx)
+        for p, (_rows, dl, a, b, texts) in enumerate(self._parts):
+            at = np.flatnonzero(where[:, 0] == p)
+            j = where[at, 1]
+            for i, d, x, y in zip(at.tolist(), dl[j].tolist(), a[j].tolist(), b[j].tolist()):
+                out[i] = texts[d][0][x:y]
+        return out
 
 
 def _word_bounds(cols, s: int, e: int) -> tuple[int, int]:
-    lo = int(cols.block_ptr[cols.block_of[s]])
-    hi = int(cols.block_ptr[cols.block_of[e] + 1]) - 1
+    lo = int(cols.block_ptr[cols.block_of(s)])
+    hi = int(cols.block_ptr[cols.block_of(e) + 1]) - 1
     while s > lo and not cols.flags[s] & WORD_START:
         s -= 1
     while e < hi and not cols.flags[e] & WORD_END:
@@ -211,7 +221,7 @@ def _word_bounds(cols, s: int, e: int) -> tuple[int, int]:
     return s, e
 
 
-def _make_groups(keys: list, text_of: Callable[[int], str], scores: np.ndarray,
+def _make_groups(keys: list, texts_of: Callable[[list[int]], list[str]], scores: np.ndarray,
                  n_tokens: np.ndarray, *, alpha: float = 0.0, top_n: int = 0) -> list[Group]:
     """Answers from occurrences: per group the summed score (times ``n_tokens ** alpha``),
     the surface text of its best occurrence, and its members. With ``top_n``, only the
@@ -226,12 +236,10 @@ def _make_groups(keys: list, text_of: Callable[[int], str], scores: np.ndarray,
         # members and best occurrence of the n kept ones only
         idx = np.arange(len(distinct))
         keep = np.sort(np.lexsort((idx, -sums))[:top_n])
-        groups = []
-        for g in keep.tolist():
-            members = np.flatnonzero(gid == g)
-            best = int(members[np.argmax(scores[members])])  # ties: first seen
-            groups.append(Group(distinct[g], text_of(best), float(sums[g]), nt[best], members))
-        return groups
+        members = [np.flatnonzero(gid == g) for g in keep.tolist()]
+        best = [int(m[np.argmax(scores[m])]) for m in members]  # ties: first seen
+        return [Group(distinct[g], t, float(sums[g]), nt[b], m) for g, t, b, m in
+                zip(keep.tolist(), texts_of(best), best, members)]
     by_score = np.lexsort((-scores, gid))          # per group, best first (ties: first seen)
     order = np.argsort(gid, kind="stable")         # per group, in occurrence order
     cuts = np.flatnonzero(np.diff(gid[order])) + 1
@@ -243,8 +251,10 @@ def _make_groups(keys: list, text_of: Callable[[int], str], scores: np.ndarray,
     if top_n and top_n < len(distinct):
         keep = np.sort(np.lexsort((keep, -final))[:top_n])
     lo_l, hi_l, best_l, fin_l = lo.tolist(), hi.tolist(), best.tolist(), final.tolist()
-    return [Group(distinct[g], text_of(best_l[g]), fin_l[g], nt[best_l[g]],
-                  order[lo_l[g]:hi_l[g]]) for g in keep.tolist()]
+    kept = keep.tolist()
+    texts = texts_of([best_l[g] for g in kept])
+    return [Group(distinct[g], t, fin_l[g], nt[best_l[g]], order[lo_l[g]:hi_l[g]])
+            for g, t in zip(kept, texts)]
 
 
 @dataclass(frozen=True)
@@ -266,7 +276,7 @@ class Aggregate(Operator):
         if self.group_by == "word":  # occurrences widen to whole words
             ws, we = occ.s.copy(), occ.e.copy()
             for i in range(len(ws)):
-                cols = snap.segments[int(occ.seg[i])].columns()
+                cols = snap.columns(int(occ.seg[i]))
                 ws[i], we[i] = _word_bounds(cols, int(ws[i]), int(we[i]))
             occ = replace(occ, s=ws, e=we)
         sf = Surfaces(snap, occ.seg, occ.s, occ.e)
@@ -277,10 +287,10 @@ class Aggregate(Operator):
         elif self.group_by == "tokens":
             keys = []
             for si, s, e in zip(occ.seg.tolist(), occ.s.tolist(), occ.e.tolist()):
-                keys.append(tuple(snap.segments[si].columns().tokens[s:e + 1].tolist()))
+                keys.append(tuple(snap.columns(si).tokens[s:e + 1].tolist()))
         else:  # document
             keys = list(zip(occ.seg.tolist(), docs.tolist()))
-        groups = _make_groups(keys, sf.text, np.asarray(occ.score, np.float64), n_tokens,
+        groups = _make_groups(keys, sf.texts, np.asarray(occ.score, np.float64), n_tokens,
                               alpha=self.alpha, top_n=self.top_n)
         if self.group_by == "document":
             for g in groups:
@@ -421,7 +431,7 @@ class AttachEvidence(Operator):
             evidence = []
             for i in idx.tolist():
                 si, s, e = int(occ.seg[i]), int(occ.s[i]), int(occ.e[i])
-                cols = snap.segments[si].columns()
+                cols = snap.columns(si)
                 _, doc = surface(snap, si, s, e)
                 a, b = int(cols.offsets[s, 0]), int(cols.offsets[e, 1])
                 evidence.append(Evidence(doc.id, doc.title, "text", a, b, snippet(doc.text, a, b),
