@@ -115,6 +115,7 @@ def stages(docs: list[dict], work: Path, queries: list[str]) -> dict:
     from npmdb.storage.bm25 import build_bm25
     from npmdb.storage.dense import build_dense, load_dense
     from npmdb.storage.segment_writer import SegmentWriter, no_bar
+    from npmdb.storage import codec as C
 
     path = work / "stages"
     out: dict[str, Any] = {}
@@ -136,7 +137,7 @@ def stages(docs: list[dict], work: Path, queries: list[str]) -> dict:
         out["encode_wall_us_per_token"] = (time.perf_counter() - t0) / n * 1e6
         lm0 = _lmdb_used(db)
         t0 = time.perf_counter()
-        sw = SegmentWriter(db.env, db.path, 1, 0, codec=db.config["codec"],
+        sw = SegmentWriter(db.env, db.path, 1, 0, codec=C.resolve_codec(db.config["codec"], 0, 1),
                            dense=db.config["dense"], params=db.dense_params, dim=enc.hidden_size)
         sw.add_documents(prep.docs, prep.columns())
         encode_into(sw, enc, prep.tokens, prep.block_ptr, no_bar(n, "", ""))

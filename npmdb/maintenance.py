@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 import numpy as np
 
 from .corpus import Document
+from npmdb.storage import codec as C
 from npmdb.storage import versions as V
 from npmdb.storage.cleanup import drop_unkept, empty_trash
 
@@ -58,26 +59,35 @@ def diff(a: Iterable[dict[str, Any]], b: Iterable[dict[str, Any]]) -> Diff:
                 tuple(sorted(k for k in set(da) & set(db) if da[k] != db[k])))
 
 
-def optimize(writer: "Writer", message: str = "", index: str | None = None) -> int | None:
+def optimize(writer: "Writer", message: str = "", index: str | None = None,
+             codec: str | None = None) -> int | None:
     """Merge HEAD's segments into one and drop deleted documents; returns the version.
 
-    Vectors are copied in their stored form (no re-encoding) into the one segment writer,
-    which rebuilds the BM25 and dense indexes of the merged segment. ``index``: the dense
-    index kind to record and build (a conversion rewrites even a single segment). Older
-    versions keep their segments until vacuum.
+    Vectors in the merged segment's codec are copied in their stored form; others are
+    decoded and re-coded (never re-encoded by the model). The segment writer rebuilds the
+    BM25 and dense indexes of the merged segment. ``index`` / ``codec``: the dense index
+    kind and vector codec to record and write (a conversion rewrites even a single
+    segment); without ``codec``, an ``auto`` database takes the codec for HEAD's size and
+    any other keeps the first segment's. Older versions keep their segments until vacuum.
     """
     with writer.hold():
         if index is not None:
             writer.set_index_kind(index)
+        if codec is not None:
+            writer.set_codec(codec)
         head = writer.head()
         if head is None:
             return None
         readers = [writer.reader(s) for s in head.segments]
-        converts = index is not None and any(r.record.dense != index for r in readers)
+        if codec is None and writer.config.get("codec") != C.AUTO:
+            codec = readers[0].record.codec
+        target = writer.new_codec(int(head.stats.get("tokens", 0)), codec)
+        converts = (index is not None and any(r.record.dense != index for r in readers)) or \
+            any(not _same_codec(r.record.codec, target) for r in readers)
         if len(head.segments) <= 1 and not head.deleted and not converts:
             return head.id
         seg = writer.allocate_segment()
-        sw = writer.segment_writer(seg, head.generation, codec=readers[0].record.codec,
+        sw = writer.segment_writer(seg, head.generation, codec=target,
                                    merged_from=head.segments)
         with writer.env.read(buffers=True) as txn:
             for r in readers:
@@ -106,11 +116,21 @@ def _merge_live(sw: Any, r: "SegmentReader", txn, head: V.Manifest) -> None:
             "tokens": cols.tokens[lo:hi], "flags": cols.flags[lo:hi],
             "offsets": cols.offsets[lo:hi], "block_ptr": ptr[b0:b1 + 1] - lo,
             "block_doc": bdoc[b0:b1] - d0})
-        n = r.chunk
+        n, copy = r.chunk, _same_codec(r.record.codec, sw.codec.name)
         for c in range(lo // n, (hi - 1) // n + 1 if hi > lo else lo // n):
             stored = r.stored_chunk(txn, head.generation, c)
             a, z = max(lo, c * n), min(hi, (c + 1) * n)
-            sw.add_stored(np.array(stored[a - c * n:z - c * n]))
+            rows = stored[a - c * n:z - c * n]
+            if copy:
+                sw.add_stored(np.array(rows))
+            else:  # another codec: decoded, then coded as the merged segment's
+                sw.add_vectors(r.codec.decode(rows))
+
+
+def _same_codec(stored: str, target: str) -> bool:
+    """Whether rows stored in codec ``stored`` are already rows of ``target`` (a trained
+    PQ codec 'pq96:<hash>' is what the name 'pq96' writes)."""
+    return stored == target or stored.split(":")[0] == target
 
 
 def vacuum(writer: "Writer", *, keep_tags: bool = True, older_than: float | None = None

@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from npmdb.errors import Error, IntegrityError, OperationalError, ProgrammingError
 
+from . import codec as C
 from . import format as F
 from . import versions as V
 from .cleanup import recover, remove_segment, seal
@@ -232,19 +233,35 @@ class Writer:
                                  chunk=rec.chunk, columns=existing.columns(),
                                  progress=self.progress, engine=engine)
         head = self.head()
+        corpus = int(head.stats.get("tokens", 0)) if head else 0
         return SegmentWriter(self.env, self.root, seg, gen,
-                             codec=codec or str(self.config.get("codec", "float16")),
+                             codec=self.new_codec(corpus, codec),
                              dense=str(self.config.get("dense", "hnsw")), params=self.params,
                              dim=int(self.config["dim"]), progress=self.progress,
-                             engine=engine, merged_from=merged_from,
-                             corpus_tokens=int(head.stats.get("tokens", 0)) if head else 0)
+                             engine=engine, merged_from=merged_from, corpus_tokens=corpus)
+
+    def new_codec(self, corpus_tokens: int, codec: str | None = None) -> str:
+        """The codec a new segment stores in a corpus of ``corpus_tokens``: ``codec``, else
+        the database's (``auto`` resolved by corpus size, with the index's threshold)."""
+        from . import segment_writer
+
+        return C.resolve_codec(codec or str(self.config.get("codec", "float16")),
+                               corpus_tokens, segment_writer.AUTO_IVF_TOKENS)
 
     def set_index_kind(self, kind: str) -> None:
         """Record ``kind`` as the dense index of segments written from now on (the caller
         holds the writer lock; ``optimize(index=...)`` converts the existing ones)."""
-        if self.config.get("dense") == kind:
+        self._set_config(dense=kind)
+
+    def set_codec(self, codec: str) -> None:
+        """Record ``codec`` as the codec of segments written from now on (the caller holds
+        the writer lock; ``optimize(codec=...)`` converts the existing ones)."""
+        self._set_config(codec=codec)
+
+    def _set_config(self, **changes: str) -> None:
+        if all(self.config.get(k) == v for k, v in changes.items()):
             return
-        config = dict(self.config) | {"dense": kind}
+        config = dict(self.config) | changes
         self.env.write(lambda txn: V.put_meta(txn, self.env.dbs, "config", config))
         self.config.clear()
         self.config.update(config)

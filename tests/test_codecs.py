@@ -201,3 +201,41 @@ def test_pq_database_optimize_and_refresh(tmp_path, tiny_encoder, sample_corpus)
         db.optimize()  # merges segments: copies codes, decodes them for the new indexes
         assert [a.text for a in db.fill_mask(QUERY, top=5, exact=True)] == before
         assert len(_stored_width(db)) == 1
+
+
+# ------------------------------------------------------------------ codec "auto" and optimize
+
+
+def test_auto_codec_compacts_a_large_corpus_and_optimize_converts(tmp_path, tiny_encoder,
+                                                                  sample_corpus, monkeypatch):
+    """New databases store float16 while the corpus is small and int4 once it is large (the
+    index's threshold); optimize() re-codes every segment to the codec for HEAD's size, and
+    optimize(codec=...) converts and records another, with the same top answers."""
+    from npmdb.storage import segment_writer as SW
+
+    monkeypatch.setattr(SW, "AUTO_IVF_TOKENS", 15_000)
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:
+        assert db.config["codec"] == "auto" and db.config["dense"] == "auto"
+        db.add(sample_corpus[:200])                    # a corpus below 15k tokens
+        assert db.stats()["tokens"] < 15_000
+        db.add(sample_corpus[200:1400])
+        db.add(sample_corpus[1400:1500])               # HEAD is large now
+        assert [i["codec"] for i in _segment_infos(db)] == ["float16", "float16", "int4"]
+        assert _stored_width(db) == {32, 20}           # float16 rows (dim 32), int4 rows
+        want = [a.text for a in db.fill_mask(QUERY, top=3, exact=True)]
+        db.optimize()
+        assert [i["codec"] for i in _segment_infos(db)][-1:] == ["int4"]
+        with db.snapshot() as snap:
+            assert [s.record.codec for s in snap.segments] == ["int4"]
+        got = [a.text for a in db.fill_mask(QUERY, top=3, exact=True)]
+        assert got[0] == want[0]
+        v = db.version
+        with pytest.raises(npmdb.Error, match="unknown vector codec"):
+            db.optimize(codec="lz4")
+        assert db.version == v and db.config["codec"] == "auto"
+        db.optimize(codec="int8")
+        with db.snapshot() as snap:
+            assert [s.record.codec for s in snap.segments] == ["int8"]
+        assert db.config["codec"] == "int8"
+        assert [a.text for a in db.fill_mask(QUERY, top=3, exact=True)][0] == want[0]
+        assert db.check().ok
