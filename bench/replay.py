@@ -49,6 +49,9 @@ def status():
     return got
 
 t = time.perf_counter()
+import npmdb.database, npmdb.query.executor  # the modules a first open would import
+import_s = time.perf_counter() - t
+t = time.perf_counter()
 db = npmdb.open(sys.argv[1], readonly=True, progress=False)
 open_s = time.perf_counter() - t
 qs = json.loads(sys.argv[2]); k = int(sys.argv[3])
@@ -60,7 +63,7 @@ for q in qs:
     for s in res.stats:
         stages.setdefault(s.operator, []).append(s.ms)
 st = db.stats()
-print(json.dumps({"open_s": open_s, "first_s": first_s, "ms": ms, "rss": status(),
+print(json.dumps({"open_s": open_s, "import_s": import_s, "first_s": first_s, "ms": ms, "rss": status(),
                   "stages": {k: sorted(v)[len(v) // 2] for k, v in stages.items()},
                   "tokens": st["tokens"], "bytes": st["bytes_on_disk"], "index": st["index"],
                   "segments": st["segments"]}))

@@ -83,6 +83,11 @@ def targets(res: dict) -> list[tuple[str, str, bool | None, str]]:
                      ing["ratio"] >= 0.9, ("add, seconds per stage: " + _stages(main) +
                                            f"; the encoder alone: {ing['encoder_alone_s']:.1f}")
                      if main else ""))
+    ivf = ing.get("ivf", {})
+    if "ratio" in ivf:
+        rows.append(("ingest into a trained ivf (int4) ≥ 85% of the encoder-alone speed",
+                     f"{100 * ivf['ratio']:.0f}%", ivf["ratio"] >= 0.85,
+                     f"{ivf['add_tok_s']:.0f} tokens/s against {ivf['encoder_tok_s']:.0f}"))
     cod = st.get("codecs", {}).get("codecs", {})
     small = [(n, r) for n, r in cod.items() if r["bytes_per_vector"] <= r["dim"] / 4]
     if small:
@@ -161,6 +166,12 @@ def render(res: dict, plots: dict[str, str]) -> str:
                   f"{ing['add_tok_s']:.0f} tokens/s; the encoder alone on the same blocks "
                   f"(tokenize + forward): {ing['encoder_tok_s']:.0f} tokens/s; ratio "
                   f"{ing['ratio']:.2f}."]
+        ivf = ing.get("ivf", {})
+        if "ratio" in ivf:
+            lines.append(f"Into a trained IVF with int4 rows (the large-corpus settings; the "
+                         f"template trained by an untimed add of {ivf['warm_docs']} other "
+                         f"documents): {ivf['add_tok_s']:.0f} tokens/s against "
+                         f"{ivf['encoder_tok_s']:.0f}; ratio {ivf['ratio']:.2f}.")
         if main.get("stages_s"):
             lines.append(f"Full corpus ({main['tokens']} tokens, {main['tok_s']:.0f} tokens/s), "
                          f"seconds per stage: {_stages(main['stages_s'])}.")
@@ -225,6 +236,11 @@ def scale_section(results_dir: Path = RESULTS) -> list[str]:
     out += _own_run(results_dir / "compact-em-dev.md", "Answers lost to compression (codec + "
                     "index, 1M tokens)", "`python -m bench.compact_em` (the dev database "
                     "against copies written with another codec and index by `bench.replay`)")
+    for p in sorted(results_dir.glob("corpus-size-*.md")):
+        head, body = p.read_text(encoding="utf-8").rstrip().split("\n", 1)
+        out += ["", head, "", "`python -m bench.corpus_size` (the same settings at growing "
+                "corpus sizes, each database measured in a fresh process, rounds in turn):",
+                "", body.strip()]
     replays = sorted(results_dir.glob("replay-*.md"))
     if replays:
         out += ["", "## Replayed large databases", "",
