@@ -9,6 +9,8 @@ hand these :class:`~npmdb.query.operators.Candidates`; assembly and scoring prod
 
 from __future__ import annotations
 
+import threading
+import weakref
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
@@ -29,6 +31,27 @@ __all__ = [
 
 # -- phrase assembly and scoring ------------------------------------------------------------
 
+# Segments written before the BREAK flag bit: their flags with breaks derived from the
+# stored offsets, computed once per segment reader (segments never change).
+_DERIVED_FLAGS: "weakref.WeakKeyDictionary[Any, np.ndarray]" = weakref.WeakKeyDictionary()
+_DERIVED_LOCK = threading.Lock()
+
+
+def clause_flags(reader: Any, cols: Any) -> np.ndarray:
+    """The flags a clean span is checked against: the stored ones, or, for a segment
+    stored before the ``BREAK`` bit (no break anywhere), breaks derived at query time
+    (:func:`npmdb.query.scoring.spaced_breaks`), so an old database keeps answering
+    without spans across "." or ","."""
+    with _DERIVED_LOCK:
+        got = _DERIVED_FLAGS.get(reader)
+    if got is None:
+        got = S.spaced_breaks(cols.flags, cols.offsets, cols.block_ptr) \
+            if S.lacks_breaks(cols.flags) else cols.flags
+        with _DERIVED_LOCK:
+            _DERIVED_FLAGS[reader] = got
+    return got
+
+
 
 @dataclass(frozen=True)
 class AssembleSpans(Operator):
@@ -46,11 +69,13 @@ class AssembleSpans(Operator):
         found = st.inputs(self, Candidates)
         starts_by, ends_by = Candidates.union(found, "start"), Candidates.union(found, "end")
         for si in sorted(set(starts_by) | set(ends_by)):
-            cols = st.snapshot.segments[si].columns()
+            reader = st.snapshot.segments[si]
+            cols = reader.columns()
             starts = starts_by.get(si, np.zeros(0, np.int64))
             ends = ends_by.get(si, np.zeros(0, np.int64))
             both = np.concatenate([starts, ends]).astype(np.int64)
-            spans = S.assemble_spans(starts, ends, cols.flags, cols.block_start(both),
+            flags = clause_flags(reader, cols) if self.clean_edges else cols.flags
+            spans = S.assemble_spans(starts, ends, flags, cols.block_start(both),
                                      cols.block_end(both), max_len=self.max_len,
                                      clean_edges=self.clean_edges, no_stopwords=self.no_stopwords)
             segs.append(np.full(len(spans), si, np.int64))

@@ -161,3 +161,64 @@ def test_query_ngrams_stay_linear_in_a_long_query():
     grams = query_ngrams(text, 10)
     assert "w5 w6 w7" in grams and "w5 w6 w7 w8 w9 w10 w11 w12 w13 w14 w15" not in grams
     assert len(grams) <= 20000 * 10
+
+
+def _strip_break_bits(db) -> int:
+    """Rewrite every segment's stored flags without the BREAK bit, as a database written
+    before that bit exists (the format is otherwise the same); returns tokens touched."""
+    from npmdb.storage import format as F
+
+    touched = 0
+
+    def strip(txn):
+        nonlocal touched
+        cur = txn.cursor(db=db.env.dbs["segcols"])
+        for key, raw in list(cur):
+            if key[4:] != b"flags":
+                continue
+            flags = F.unpack_array(raw).copy()
+            touched += int((flags & BREAK).astype(bool).sum())
+            txn.put(key, F.pack_array(flags & np.uint8(~BREAK & 0xFF)), db=db.env.dbs["segcols"])
+    db.env.write(strip)
+    return touched
+
+
+def test_spaced_breaks_from_offsets_alone():
+    from npmdb.query.scoring import lacks_breaks, spaced_breaks
+
+    for text, marks in [("Rome. Milan was next", ["."]),
+                        # ")" touches words on neither side; the "." after it breaks
+                        ("Berlin, Germany (painters; poets).", [",", "(", ";", "."]),
+                        ("the U.S. Army", ["."]), ("an e-mail of 3.5 cents - or a/b", ["-"])]:
+        offs = np.array([(m.start(), m.end()) for m in re.finditer(r"\w+|[^\w\s]", text)],
+                        dtype=np.int32)
+        stored = token_flags(text, offs) & np.uint8(~BREAK & 0xFF)   # an old segment's flags
+        assert lacks_breaks(stored) and not lacks_breaks(token_flags(text, offs))
+        got = spaced_breaks(stored, offs, np.array([0, len(offs)]))
+        assert [text[s:e] for (s, e), f in zip(offs, got) if f & BREAK] == marks, text
+        assert ((got & np.uint8(~BREAK & 0xFF)) == stored).all()     # only BREAK is added
+
+
+def test_old_database_without_break_bits_answers_clean_spans(tmp_path, tiny_encoder):
+    """A database stored before the BREAK bit keeps working, and its answers do not cross
+    "." or "," either: the breaks are derived from the stored offsets at query time."""
+    import npmdb
+
+    path = tmp_path / "db"
+    with npmdb.open(path, encoder=tiny_encoder, progress=False) as db:
+        db.add(CORPUS)
+        db.add([{"id": "more", "text": "Turin, then Genoa. Then Pisa; then Rome."}])  # 2 segments
+        assert _strip_break_bits(db) > 10
+    with npmdb.open(path, progress=False) as db:
+        seen = 0
+        for q in ("The race began in [MASK].", "[MASK] hosts many artists.",
+                  "Then [MASK] came."):
+            for retrieval in ("dense", "bm25"):
+                for a in db.fill_mask(q, retrieval=retrieval, top=50, max_len=10):
+                    seen += 1
+                    assert not re.search(r"[,;:!?()]|\.\s", a.text), a.text
+        assert seen > 20
+        raw = [a.text for a in db.fill_mask("The race began in [MASK].", retrieval="bm25",
+                                            top=500, clean_edges=False)]
+        assert any(re.search(r"[,;]|\.\s", t) for t in raw)   # what the rule keeps out
+
