@@ -343,16 +343,20 @@ class Database:
         _check_text(params, "a parameter")
         return sql.execute(text, params, self._context)
 
-    def search(self, text: str, *, limit: int = 10, version: int | str | None = None
-               ) -> list[dict[str, Any]]:
-        """BM25 search over blocks: ``[{doc_id, title, block, score, snippet}]``."""
+    def search(self, text: str, *, limit: int = 10, version: int | str | None = None,
+               title: bool = False) -> list[dict[str, Any]]:
+        """BM25 search over blocks: ``[{doc_id, title, block, score, snippet}]``.
+        ``title=True`` matches the document titles too (what ``fill_mask``'s BM25
+        retrieval does by default, ``bm25_title``)."""
         if not isinstance(text, str):
             raise ProgrammingError(f"search text must be a str, not {type(text).__name__}")
         _check_text(text, "the search text")
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
             raise ProgrammingError(f"limit must be a non-negative integer, got {limit!r}")
+        if not isinstance(title, bool):
+            raise ProgrammingError(f"title must be True or False, got {title!r}")
         with self._context(version) as ctx:
-            res = execute(plan_search(text, limit), ctx)
+            res = execute(plan_search(text, limit, title=title), ctx)
         return [dict(zip(SEARCH_COLUMNS, row)) for row in res.rows]
 
     # -- documents -----------------------------------------------------------------------

@@ -502,7 +502,8 @@ def _compile_answers(plan, nodes, columns, fns, doc_filter, text) -> Compiled:
     leaf: L.Retrieve = nodes[-1]
     kw: dict[str, Any] = {"mode": leaf.mode, "retrieval": leaf.method, "k": leaf.k,
                           "blocks": leaf.blocks, "exact": leaf.exact, "version": leaf.version,
-                          "doc_filter": doc_filter, "evidence": 0}
+                          "doc_filter": doc_filter, "evidence": 0,
+                          "bm25_title": leaf.bm25_title, "bm25_question": leaf.bm25_question}
     plan_args: dict[str, Any] = {}
     labels = None
     expand: L.Evidence | None = None
@@ -516,7 +517,8 @@ def _compile_answers(plan, nodes, columns, fns, doc_filter, text) -> Compiled:
             if n.scoring != "softmax" and leaf.source != "CLASSIFY":
                 kw["scoring"] = n.scoring
         elif isinstance(n, L.Aggregate):
-            kw.update(group_by=n.group_by, alpha=n.alpha)
+            kw.update(group_by=n.group_by, alpha=n.alpha, not_in_query=n.not_in_query,
+                      no_query_words=n.no_query_words)
         elif isinstance(n, L.Classify):
             labels, kw["tau"] = n.labels, n.tau
         elif isinstance(n, L.Filter) and n.level == "answer":

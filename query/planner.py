@@ -20,7 +20,7 @@ from .operators import BlockTokens, BM25Blocks, DenseTopK, EncodeQuery, ExactTop
 from .plan import Plan
 from .rows import BlockRows, Project
 from .spec import ClassifySpec, MaskedSpec
-from .text import STOPWORDS, fold, query_ngrams, words_of
+from .text import STOPWORDS, fold, query_content_words, query_ngrams, words_of
 
 __all__ = ["plan_masked", "plan_classify", "plan_search", "SEARCH_COLUMNS"]
 
@@ -51,7 +51,8 @@ def _retrieval(spec, sides: tuple[str, ...], any_word: bool) -> Operator:
             dense = [DenseTopK(side, spec.k, children=(enc,), docs=docs) for side in sides]
     lexical: list[Operator] = []
     if spec.retrieval in ("bm25", "hybrid"):
-        bm25 = BM25Blocks(spec.blocks, docs=docs)
+        bm25 = BM25Blocks(spec.blocks, docs=docs, title=spec.bm25_title,
+                          question=spec.bm25_question)
         lexical = [BlockTokens(spec.mode, children=(bm25,), any_word=any_word)]
         if not dense:
             lexical = [BlockTokens(spec.mode, children=(bm25, enc), any_word=any_word)]
@@ -84,6 +85,7 @@ def plan_masked(spec: MaskedSpec, *, answer_filter: tuple[str, Callable] | None 
     # the best top + offset of them (every occurrence is still grouped and summed).
     top_n = spec.top + spec.offset if (spec.top and answer_filter is None
                                        and not spec.not_in_query
+                                       and not spec.no_query_words
                                        and tuple(order) == (("score", True),)) else 0
     op: Operator = Aggregate("word" if spec.mode == "token" and spec.group_by == "word"
                              else spec.group_by, spec.alpha, children=(_candidates(spec),),
@@ -92,6 +94,11 @@ def plan_masked(spec: MaskedSpec, *, answer_filter: tuple[str, Callable] | None 
         grams = query_ngrams(spec.text, spec.max_len)
         op = FilterAnswers("phrase not in the query",
                            lambda g: words_of(g.text) not in grams, children=(op,))
+    if spec.no_query_words:
+        content = query_content_words(spec.text)
+        op = FilterAnswers("no word of the query",
+                           lambda g: content.isdisjoint(words_of(g.text).split()),
+                           children=(op,))
     if answer_filter is not None:
         op = FilterAnswers(answer_filter[0], answer_filter[1], children=(op,))
     op = OrderBy(order, children=(op,))
@@ -119,9 +126,10 @@ def _search_row(r: dict) -> tuple:
     return (r["doc.id"], r["doc.title"], r["block"], r["score"], r["snippet"])
 
 
-def plan_search(text: str, limit: int) -> Plan:
+def plan_search(text: str, limit: int, *, title: bool = False) -> Plan:
     """``Database.search``: the top ``limit`` blocks by BM25, one row each
-    (:data:`SEARCH_COLUMNS`), as SQL's SEARCH source runs them."""
-    rows = BlockRows(children=(BM25Blocks(limit),))
+    (:data:`SEARCH_COLUMNS`), as SQL's SEARCH source runs them; ``title``: match the
+    document titles too."""
+    rows = BlockRows(children=(BM25Blocks(limit, title=title),))
     return Plan(Project(SEARCH_COLUMNS, lambda rows, _snap: [_search_row(r) for r in rows.rows],
                         children=(rows,)), kind="rows", query=text)

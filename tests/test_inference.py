@@ -144,8 +144,9 @@ def test_not_in_query_drops_answers_that_repeat_the_query(tmp_path, tiny_encoder
     with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:
         db.add(CORPUS)
         q = "Berlin hosts many artists in [MASK]."
-        plain = [a.text for a in db.fill_mask(q, retrieval="bm25", top=200, not_in_query=False)]
-        kept = db.fill_mask(q, retrieval="bm25", top=200)              # the default
+        plain = [a.text for a in db.fill_mask(q, retrieval="bm25", top=200, not_in_query=False,
+                                              no_query_words=False)]
+        kept = db.fill_mask(q, retrieval="bm25", top=200, no_query_words=False)
         grams = query_ngrams(q)
         assert any(t.casefold() in grams for t in plain)          # the repeats were there
         assert [a.text for a in kept] == [t for t in plain if t.casefold() not in grams]
@@ -222,3 +223,103 @@ def test_old_database_without_break_bits_answers_clean_spans(tmp_path, tiny_enco
                                             top=500, clean_edges=False)]
         assert any(re.search(r"[,;]|\.\s", t) for t in raw)   # what the rule keeps out
 
+
+TITLED = [
+    {"id": "mai", "title": "Maiduguri", "text": "A city of the Borno state in Nigeria."},
+    {"id": "kano", "title": "Kano", "text": "Kano is a city in Nigeria."},
+    {"id": "box", "title": "Boxes", "text": "It is in the box. It is in the bag, it is in."},
+    {"id": "bag", "title": "Bags", "text": "It is in the bag, in the bag."},
+]
+
+
+def test_bm25_text_cuts_a_question_at_its_question_mark():
+    from npmdb.query.text import bm25_text
+
+    assert bm25_text("Where is Maiduguri? It is in [MASK].", question=True) == \
+        "Where is Maiduguri?"
+    assert bm25_text("Where is Maiduguri? It is in [MASK].") == "Where is Maiduguri? It is in  ."
+    assert bm25_text("Is [MASK] big? Yes.", question=True) == "Is   big? Yes."  # mask asked
+    assert bm25_text("Maiduguri is in [MASK].", question=True) == "Maiduguri is in  ."
+
+
+@pytest.mark.parametrize("split", [False, True])   # one segment / global IDFs over two
+def test_bm25_title_and_question_options(tmp_path, tiny_encoder, split):
+    import npmdb
+
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:
+        if split:
+            db.add(TITLED[:2])
+            db.add(TITLED[2:])
+        else:
+            db.add(TITLED)
+
+        def docs(q, **kw):
+            res = db.fill_mask(q, retrieval="bm25", blocks=1, top=100, evidence=100, **kw)
+            return {e.doc_id for a in res for e in a.evidence}, res.plan
+
+        # "maiduguri" is only in a title: the text alone finds another block
+        got, plan = docs("Maiduguri is a city in [MASK].", bm25_title=False)
+        assert got and "mai" not in got and "text+title" not in plan
+        got, plan = docs("Maiduguri is a city in [MASK].")          # the default
+        assert got == {"mai"} and "fields: text+title" in plan
+        assert [h["doc_id"] for h in db.search("Maiduguri city", limit=1, title=True)] == ["mai"]
+        assert [h["doc_id"] for h in db.search("Maiduguri city", limit=1)] != ["mai"]
+        # the words after the "?" pull in the block that repeats them
+        q = "Where is Maiduguri? It is in [MASK]."
+        got = docs(q)[0]
+        assert got and "mai" not in got
+        got, plan = docs(q, bm25_question=True)
+        assert got == {"mai"} and "question only" in plan
+        with pytest.raises(npmdb.ProgrammingError, match="bm25_title must be True or False"):
+            db.fill_mask(q, bm25_title="yes")
+        with pytest.raises(npmdb.ProgrammingError, match="bm25_question"):
+            db.classify(q, {"a": ["x"]}, bm25_question=1)
+        with pytest.raises(npmdb.ProgrammingError, match="title must be True or False"):
+            db.search("x", title="yes")
+
+
+def test_sql_with_bm25_options_runs_as_fill_mask(tmp_path, tiny_encoder):
+    import npmdb
+
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:
+        db.add(TITLED)
+        q = "Where is Maiduguri? It is in [MASK]."
+        for title, question in ((True, False), (False, False), (True, True)):
+            res = db.sql(f"SELECT phrase, score FROM MASKED(?) USING bm25(blocks => 1) "
+                         f"WITH bm25_title = {title}, bm25_question = {question} LIMIT 20", [q])
+            want = db.fill_mask(q, retrieval="bm25", blocks=1, top=20, bm25_title=title,
+                                bm25_question=question)
+            assert [r[0] for r in res.rows] == [a.text for a in want]
+        plan = db.sql("EXPLAIN SELECT * FROM MASKED(?) USING bm25 WITH bm25_title = FALSE, "
+                      "bm25_question = TRUE", [q]).plan
+        assert "bm25_title=false, bm25_question=true" in plan and "question only" in plan
+        with pytest.raises(npmdb.ProgrammingError, match="bm25_title"):
+            db.sql("SELECT * FROM MASKED(?) WITH bm25_title = 3", [q])
+
+
+def test_no_query_words_drops_answers_that_copy_a_word_of_the_query(tmp_path, tiny_encoder):
+    """Answers like "capital of Moldova" for "Where is Moldova? It is in [MASK]." hold the
+    query's subject without being a run of the query's words: not_in_query keeps them,
+    no_query_words (the default) drops them; stopwords of the query do not count."""
+    import npmdb
+    from npmdb.query.text import query_content_words, words_of
+
+    assert query_content_words("Where is Moldova? It is in [MASK].") == {"moldova"}
+    corpus = [{"id": "md", "title": "Moldova", "text": "Chisinau is the capital of Moldova, "
+               "a country in Europe. Moldova borders Romania and is in Eastern Europe."}]
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:
+        db.add(corpus)
+        q = "Where is Moldova? It is in [MASK]."
+        runs_only = [a.text for a in db.fill_mask(q, retrieval="bm25", top=500,
+                                                  no_query_words=False)]
+        assert any("moldova" in words_of(t).split() for t in runs_only)    # "capital of Moldova"
+        res = db.fill_mask(q, retrieval="bm25", top=500)                     # the default
+        got = [a.text for a in res]
+        assert got == [t for t in runs_only if "moldova" not in words_of(t).split()]
+        assert "Europe" in got and "Eastern Europe" in got
+        assert "no word of the query" in res.plan
+        sql = db.sql("SELECT phrase FROM MASKED(?) USING bm25 WITH no_query_words = FALSE "
+                     "LIMIT 500", [q])
+        assert [r[0] for r in sql.rows] == runs_only
+        with pytest.raises(npmdb.ProgrammingError, match="no_query_words must be True or False"):
+            db.fill_mask(q, no_query_words="no")
