@@ -76,6 +76,8 @@ def test_fill_mask_answers_with_evidence_and_plan(client, versioned_db_path):
     {"retrieval": "bm25", "max_len": 3, "tau": 0.5, "alpha": 0.5, "scoring": "raw"},
     {"retrieval": "bm25", "group_by": "document", "evidence": 1, "offset": 1},
     {"retrieval": "bm25", "clean_edges": False, "no_stopwords": True},
+    {"retrieval": "bm25", "bm25_title": False, "bm25_question": True, "not_in_query": False,
+     "no_query_words": False},
 ])
 def test_fill_mask_options(client, opts):
     r = client.post("/api/fill_mask", json={"query": Q, "top": 2, **opts})
