@@ -10,7 +10,6 @@ needs are written and fsynced.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from contextlib import contextmanager, suppress
@@ -27,11 +26,12 @@ from .progress import bar_factory
 from .result import Result
 from .snapshot import Snapshot, history
 from .views import VersionView
-from npmdb.query import calibration
 from npmdb.query.context import ExecContext
 from npmdb.query.executor import execute
 from npmdb.query.plan import Plan
-from npmdb.query.planner import SEARCH_COLUMNS, plan_classify, plan_masked, plan_search
+from npmdb.query.planner import (
+    SEARCH_COLUMNS, classify_prior, plan_classify, plan_masked, plan_search,
+)
 from npmdb.query.spec import DEFAULT_K, ClassifySpec, DocFilter, MaskedSpec, check_options
 from npmdb.query.text import split_mask
 from npmdb.storage import codec as C
@@ -315,19 +315,18 @@ class Database:
             raise ProgrammingError("labels must be a dict of label -> word or list of words")
         norm = tuple((str(lbl), (w,) if isinstance(w, str) else tuple(w))
                      for lbl, w in labels.items())
-        spec = ClassifySpec(query, norm, tau=tau, k=k, mode=mode, retrieval=retrieval, **options)
-        res = self.run_classify(spec)
-        template = calibration.content_free(query) if calibrate else None
-        if template is None:
-            return res
-        prior = self.run_classify(dataclasses.replace(spec, text=template, evidence=0))
-        return calibration.calibrate(res, prior)
+        spec = ClassifySpec(query, norm, tau=tau, k=k, mode=mode, retrieval=retrieval,
+                            calibrate=calibrate, **options)
+        return self.run_classify(spec)
 
     def run_classify(self, spec: ClassifySpec, **plan_args: Any) -> Result:
         split_mask(spec.text)
         _check_text(spec.text, "the query")
         _check_text(spec.labels, "a label")
-        return self._run(plan_classify(spec, **plan_args), spec)
+        with self._context(spec.version, spec.doc_filter) as ctx:
+            # calibration: the template's label prior first, over the same version
+            prior = classify_prior(spec, lambda plan: execute(plan, ctx))
+            return execute(plan_classify(spec, prior=prior, **plan_args), ctx)
 
     def _run(self, plan: Plan, spec: MaskedSpec | ClassifySpec) -> Result:
         with self._context(spec.version, spec.doc_filter) as ctx:

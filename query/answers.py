@@ -19,6 +19,7 @@ import numpy as np
 from npmdb.storage.format import WORD_END, WORD_START
 
 from . import scoring as S
+from .calibration import calibrated_scores
 from .operators import (
     Answers, Candidates, ExecState, Group, Occurrences, Operator, _empty, _fmt,
 )
@@ -50,7 +51,6 @@ def clause_flags(reader: Any, cols: Any) -> np.ndarray:
         with _DERIVED_LOCK:
             _DERIVED_FLAGS[reader] = got
     return got
-
 
 
 @dataclass(frozen=True)
@@ -324,10 +324,17 @@ class ClassifyLabels(Operator):
     tau: float
     mode: str = "phrase"
     children: tuple = ()
+    # contextual calibration: each label's probability divided by ``prior`` (the label
+    # probabilities of the content-free ``template``, run first), renormalised
+    calibrate: bool = False
+    template: str = ""
+    prior: tuple[tuple[str, float], ...] = ()
 
     def detail(self) -> str:
         return _fmt(labels="{" + ", ".join(f"{l}: {list(w)}" for l, w in self.labels) + "}",
-                    tau=self.tau)
+                    tau=self.tau) + (
+            "" if not self.calibrate else
+            f", calibrated by {self.template!r}" if self.template else ", calibrated")
 
     def run(self, st: ExecState) -> Answers:
         occ = st.input(self, Occurrences)
@@ -356,6 +363,13 @@ class ClassifyLabels(Operator):
                       weights=np.exp(np.minimum(logits, 700.0)) if len(idx) else None)
             g.extra["log_score"] = log_score
             groups.append(g)
+        if self.prior:
+            prior = dict(self.prior)
+            cal = calibrated_scores({g.text: g.score for g in groups}, prior)
+            for g in groups:
+                g.extra["uncalibrated"], g.score = g.score, cal[g.text]
+            st.info["calibrated"] = {"template": self.template,
+                                     "prior": {t: round(v, 6) for t, v in prior.items()}}
         return Answers(groups, occ, len(groups))
 
 

@@ -398,7 +398,7 @@ class _Binder:
         else:
             node = Score(o["tau"], "softmax", node)
         if classify:
-            node = Classify(labels, o["tau"], node)
+            node = Classify(labels, o["tau"], node, o["calibrate"])
         else:
             node = Aggregate(group_by or "phrase", o["alpha"], node,
                              o["not_in_query"], o["no_query_words"])
@@ -455,7 +455,7 @@ _MASKED_OPTS = ("mode", "k", "blocks", "max_len", "tau", "alpha", "exact", "scor
 _WITH_OPTIONS = {
     "MASKED": _MASKED_OPTS, "TOKENS": _MASKED_OPTS, "EVIDENCE": _MASKED_OPTS,
     "CLASSIFY": ("mode", "k", "blocks", "max_len", "tau", "exact", "clean_edges", "evidence",
-                 "bm25_title", "bm25_question"),
+                 "bm25_title", "bm25_question", "calibrate"),
     "SEARCH": (), "DOCUMENTS": (),
 }
 # Options that a clause sets.
@@ -470,6 +470,7 @@ _OPTION_TYPES: dict[str, tuple] = {
     "clean_edges": ("bool", "TRUE or FALSE"), "no_stopwords": ("bool", "TRUE or FALSE"),
     "bm25_title": ("bool", "TRUE or FALSE"), "bm25_question": ("bool", "TRUE or FALSE"),
     "not_in_query": ("bool", "TRUE or FALSE"), "no_query_words": ("bool", "TRUE or FALSE"),
+    "calibrate": ("bool", "TRUE or FALSE"),
     "scoring": ("str", "npm or raw", SCORINGS), "mode": ("str", "phrase or token", MODES),
 }
 

@@ -160,10 +160,12 @@ class Classify(Node):
     labels: tuple[tuple[str, tuple[str, ...]], ...]
     tau: float
     child: Node
+    calibrate: bool = False   # contextual calibration against the template's label prior
 
     def detail(self) -> str:
         labels = ", ".join(f"{n}: [{', '.join(quote_string(w) for w in ws)}]" for n, ws in self.labels)
-        return _one_line(f"labels={{{labels}}}, tau={self.tau}")
+        return _one_line(f"labels={{{labels}}}, tau={self.tau}"
+                         + (", calibrate=true" if self.calibrate else ""))
 
 
 @dataclass(frozen=True)

@@ -17,12 +17,14 @@ from .answers import (
     ScoreSpans, ScoreTokens,
 )
 from .operators import BlockTokens, BM25Blocks, DenseTopK, EncodeQuery, ExactTopK, Operator
+from . import calibration
 from .plan import Plan
+from .result import Result
 from .rows import BlockRows, Project
 from .spec import ClassifySpec, MaskedSpec
 from .text import STOPWORDS, fold, query_content_words, query_ngrams, words_of
 
-__all__ = ["plan_masked", "plan_classify", "plan_search", "SEARCH_COLUMNS"]
+__all__ = ["plan_masked", "plan_classify", "classify_prior", "plan_search", "SEARCH_COLUMNS"]
 
 #: ``Database.search``'s keys, in order.
 SEARCH_COLUMNS = ("doc_id", "title", "block", "score", "snippet")
@@ -108,10 +110,28 @@ def plan_masked(spec: MaskedSpec, *, answer_filter: tuple[str, Callable] | None 
     return Plan(_wrap(op, tail), kind="masked", query=spec.text)
 
 
+def classify_prior(spec: ClassifySpec, run: Callable[[Plan], Result]
+                   ) -> tuple[str, tuple[tuple[str, float], ...]] | None:
+    """For ``spec.calibrate``: the content-free template (the sentence holding the mask)
+    and its label probabilities, its plan run by ``run`` over the same version and
+    documents; None when not calibrating or when nothing precedes that sentence."""
+    template = calibration.content_free(spec.text) if spec.calibrate else None
+    if template is None:
+        return None
+    res = run(plan_classify(replace(spec, text=template, calibrate=False, evidence=0, top=0,
+                                    offset=0)))
+    probs = calibration.probabilities({a.text: a.score for a in res.answers})
+    return template, tuple(probs.items())
+
+
 def plan_classify(spec: ClassifySpec, *, answer_filter: tuple[str, Callable] | None = None,
                   order: tuple[tuple[str, bool], ...] = (("score", True),),
-                  tail: Sequence[Operator] = ()) -> Plan:
-    op: Operator = ClassifyLabels(spec.labels, spec.tau, spec.mode, children=(_candidates(spec),))
+                  tail: Sequence[Operator] = (),
+                  prior: tuple[str, tuple[tuple[str, float], ...]] | None = None) -> Plan:
+    """``prior``: :func:`classify_prior`'s template and label probabilities (calibration)."""
+    template, probs = prior if prior is not None else ("", ())
+    op: Operator = ClassifyLabels(spec.labels, spec.tau, spec.mode, children=(_candidates(spec),),
+                                  calibrate=spec.calibrate, template=template, prior=probs)
     if answer_filter is not None:
         op = FilterAnswers(answer_filter[0], answer_filter[1], children=(op,))
     op = OrderBy(order, children=(op,))

@@ -323,3 +323,36 @@ def test_no_query_words_drops_answers_that_copy_a_word_of_the_query(tmp_path, ti
         assert [r[0] for r in sql.rows] == runs_only
         with pytest.raises(npmdb.ProgrammingError, match="no_query_words must be True or False"):
             db.fill_mask(q, no_query_words="no")
+
+
+def test_calibration_runs_in_the_plan_for_sql_too(tmp_path, tiny_encoder):
+    """classify(calibrate=True) and SQL's CLASSIFY ... WITH calibrate = TRUE give the same
+    calibrated scores, the ones calibrate() computes from the two plain results; ORDER BY
+    and WHERE see the calibrated scores."""
+    import npmdb
+    from npmdb.query.calibration import calibrate
+
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:
+        db.add(CORPUS + [{"id": "r", "text": "A great film. A great cast. A terrible end."},
+                         {"id": "s", "text": "It was great. It was terrible. It was good."}])
+        labels = {"positive": ["great", "good"], "negative": ["terrible", "bad"]}
+        q = "A dull, slow film. It was [MASK]."
+        api = db.classify(q, labels, retrieval="bm25", calibrate=True)
+        by_hand = calibrate(db.classify(q, labels, retrieval="bm25"),
+                            db.classify("It was [MASK].", labels, retrieval="bm25"))
+        assert [(a.text, round(a.score, 12)) for a in api] == \
+            [(a.text, round(a.score, 12)) for a in by_hand]
+        assert api.info["calibrated"] == by_hand.info["calibrated"]
+        assert "calibrated by 'It was [MASK].'" in api.plan
+        sql = db.sql("SELECT label, score FROM CLASSIFY(?, LABELS(positive = ('great', 'good'), "
+                     "negative = ('terrible', 'bad'))) USING bm25 WITH calibrate = TRUE "
+                     "ORDER BY score ASC", [q])
+        assert [(r[0], round(r[1], 12)) for r in sql.rows] == \
+            [(a.text, round(a.score, 12)) for a in reversed(api.answers)]
+        explain = db.sql("EXPLAIN SELECT * FROM CLASSIFY(?, LABELS(p = 'great', n = 'bad')) "
+                         "WITH calibrate = TRUE", [q]).plan
+        assert "calibrate=true" in explain and "calibrated" in explain
+        with pytest.raises(npmdb.ProgrammingError, match="calibrate"):
+            db.classify(q, labels, calibrate="yes")
+        with pytest.raises(npmdb.ProgrammingError, match="calibrate"):
+            db.sql("SELECT * FROM MASKED(?) WITH calibrate = TRUE", [q])

@@ -101,6 +101,11 @@ def test_classify(client):
     assert r.status_code == 200, r.text
     labels = {a["label"] for a in r.json()["answers"]}
     assert labels == {"qatar", "other"}
+    r = client.post("/api/classify", json={"query": "A city. Doha is in [MASK].",
+                                           "retrieval": "bm25", "calibrate": True,
+                                           "labels": {"qatar": ["Qatar"], "other": "Croatia"}})
+    assert r.status_code == 200, r.text
+    assert abs(sum(a["score"] for a in r.json()["answers"]) - 1.0) < 1e-9   # probabilities
     error_of(client.post("/api/classify", json={"query": "x [MASK]", "labels": []}), 400)
     error_of(client.post("/api/classify", json={"query": "x [MASK]", "labels": {"a": 3}}), 400)
     e = error_of(client.post("/api/classify", json={"query": "x [MASK]", "labels": {"a": "b"},

@@ -23,7 +23,8 @@ FILL_OPTIONS = ("top", "k", "mode", "retrieval", "blocks", "max_len", "tau", "al
                 "no_query_words", "bm25_title", "bm25_question", "evidence", "offset",
                 "version")
 CLASSIFY_OPTIONS = ("tau", "k", "mode", "retrieval", "blocks", "max_len", "exact",
-                    "clean_edges", "bm25_title", "bm25_question", "evidence", "version")
+                    "clean_edges", "bm25_title", "bm25_question", "calibrate", "evidence",
+                    "version")
 CONTEXT = 80  # characters of context either side of an occurrence
 
 

@@ -66,6 +66,7 @@ def schema(settings: Settings) -> dict[str, Any]:
             "query": {"type": "string", "maxLength": s.max_query},
             "labels": {"type": "object", "additionalProperties": {
                 "oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}},
+            "calibrate": {"type": "boolean", "default": False},
             **{k: v for k, v in options.items() if k not in ("top", "alpha", "scoring",
                                                              "group_by", "no_stopwords",
                                                              "not_in_query", "no_query_words",
