@@ -43,15 +43,28 @@ def evaluate_cloze(db, rows: list[dict], mode: str, *, max_len: int = 10, versio
             "seconds": time.time() - t0}
 
 
+# Sentiment verbalisers: NPM's single words, and fuzzy ones (several words per label, as
+# NPM's fuzzy verbalisers for SST-2 and its kin).
+VERBALIZERS = {
+    "single": {"positive": ["great"], "negative": ["terrible"]},
+    "fuzzy": {"positive": ["great", "good", "excellent", "wonderful", "amazing", "fantastic",
+                           "brilliant", "superb", "enjoyable", "beautiful"],
+              "negative": ["terrible", "bad", "awful", "horrible", "poor", "dreadful",
+                           "boring", "dull", "mediocre", "disappointing"]},
+}
+
+
 def evaluate_sentiment(db, rows: list[dict], *, version=None, k: int | None = None,
-                       retrieval: str = "dense") -> dict:
+                       retrieval: str = "dense", verbalizer: str = "single",
+                       options: dict | None = None) -> dict:
     """Accuracy as NPM scores it, and with contextual calibration (what
     ``classify(calibrate=True)`` returns; the template's prior is asked once per template)."""
     from npmdb.query import calibration
 
     correct = abstained = correct_cal = 0
-    labels = {"positive": ["great"], "negative": ["terrible"]}
-    kw = dict(retrieval=retrieval, version=version, evidence=0, **({"k": k} if k else {}))
+    labels = VERBALIZERS[verbalizer]
+    kw = dict(retrieval=retrieval, version=version, evidence=0, **({"k": k} if k else {}),
+              **(options or {}))
     priors: dict[str, object] = {}
     t0 = time.time()
     for r in rows:
@@ -65,7 +78,8 @@ def evaluate_sentiment(db, rows: list[dict], *, version=None, k: int | None = No
         cal = calibration.calibrate(res, priors[template]) if template is not None else res
         correct_cal += (cal.top.text if cal.top and pred is not None else None) == r["label"]
     n = max(len(rows), 1)
-    return {"mode": retrieval, "n": len(rows), "accuracy": 100.0 * correct / n,
+    return {"mode": retrieval, "verbalizer": verbalizer, "n": len(rows),
+            "accuracy": 100.0 * correct / n,
             "accuracy_calibrated": 100.0 * correct_cal / n, "abstained": abstained,
             "seconds": time.time() - t0}
 
@@ -98,7 +112,18 @@ def main(argv=None) -> int:
                          "encoder never trained on (held-out), or did (trained); "
                          "see npmdb.train.sources.held_out")
     ap.add_argument("--k", type=int, default=None, help="dense k (default: fill_mask's)")
+    ap.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
+                    help="a query option for every query (repeatable), e.g. bm25_title=true; "
+                         "sentiment gets those that classify takes")
+    ap.add_argument("--verbalizer", choices=sorted(VERBALIZERS), default="single",
+                    help="sentiment label words: 'single' (great / terrible) or 'fuzzy'")
     args = ap.parse_args(argv)
+    options = parse_options(args.option, ap)
+    from dataclasses import fields as _fields
+
+    from npmdb.query.spec import ClassifySpec
+    sentiment_options = {n: v for n, v in options.items()
+                         if n in {f.name for f in _fields(ClassifySpec)}}
 
     data = args.data
     db_path = args.db or Path("bench/work") / f"{data.name}.npmdb"
@@ -107,7 +132,8 @@ def main(argv=None) -> int:
     tasks = [t for t in args.tasks.split(",") if t]
     version = int(args.version) if args.version and args.version.isdigit() else args.version
     out: dict = {"data": str(data), "db": str(db_path), "version": args.version,
-                 "machine": machine(), "tasks": {}}
+                 "machine": machine(), "options": options, "verbalizer": args.verbalizer,
+                 "tasks": {}}
     db = build_db(db_path, data / "corpus.jsonl.gz", args.encoder)
     with db:
         # the encoder that answers at --version (a trained generation has its own)
@@ -130,12 +156,14 @@ def main(argv=None) -> int:
         kw = {"k": args.k} if args.k else {}
         if "cloze" in tasks:
             rows = lim(load_jsonl(data / "cloze.jsonl"))
-            out["tasks"]["cloze"] = {m: evaluate_cloze(db, rows, m, version=version, **kw)
+            out["tasks"]["cloze"] = {m: evaluate_cloze(db, rows, m, version=version,
+                                                       options=options, **kw)
                                      for m in modes}
         if "translation" in tasks:
             rows = lim(load_jsonl(data / "translation.jsonl"))
             out["tasks"]["translation"] = {m: evaluate_cloze(db, rows, m, max_len=20,
-                                                             version=version, **kw)
+                                                             version=version,
+                                                             options=options, **kw)
                                            for m in modes}
     if "sentiment" in tasks:
         # Reviews are the reference corpus for sentiment (data README); they are encoded
@@ -150,8 +178,9 @@ def main(argv=None) -> int:
                 sdb.add([{"id": r["id"], "text": r["text"]} for r in train_rows])
             rows = load_jsonl(data / "sentiment_test.jsonl")
             rows = rows[: args.limit] if args.limit else rows
-            out["tasks"]["sentiment"] = {"dense": evaluate_sentiment(sdb, rows, version=None,
-                                                                     k=args.k)}
+            out["tasks"]["sentiment"] = {"dense": evaluate_sentiment(
+                sdb, rows, version=None, k=args.k, verbalizer=args.verbalizer,
+                options=sentiment_options)}
     md = render(out)
     name = args.name or (f"quality-{data.name}" + (f"-{args.version}" if args.version else "")
                          + (f"-split-{args.split}" if args.split != "all" else ""))
@@ -161,9 +190,35 @@ def main(argv=None) -> int:
     return 0
 
 
+def parse_options(items: list[str], ap: argparse.ArgumentParser) -> dict:
+    """``NAME=VALUE`` pairs as query options: true/false, integers and numbers typed."""
+    options: dict = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        if not sep or not name.strip():
+            ap.error(f"--option wants NAME=VALUE, got {item!r}")
+        low = raw.strip().lower()
+        value: object = raw
+        if low in ("true", "false"):
+            value = low == "true"
+        else:
+            for kind in (int, float):
+                try:
+                    value = kind(raw)
+                    break
+                except ValueError:
+                    pass
+        options[name.strip()] = value
+    return options
+
+
 def render(out: dict) -> str:
+    opts = ", ".join(f"{k}={v}" for k, v in (out.get("options") or {}).items())
+    verb = out.get("verbalizer", "single")
     lines = [f"## Quality — {out['data']} (encoder {out.get('encoder')}, version "
-             f"{out.get('version') or 'HEAD'}, queries: {out.get('split', 'all')})", "",
+             f"{out.get('version') or 'HEAD'}, queries: {out.get('split', 'all')}"
+             + (f"; options: {opts}" if opts else "")
+             + (f"; verbalizer: {verb}" if verb != "single" else "") + ")", "",
              "| task | mode | n | EM macro (1/2/3/4+) | EM micro | EM relation-macro "
              "| 1 | 2 | 3 | 4+ | s |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -10,7 +10,6 @@ needs are written and fsynced.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from contextlib import contextmanager, suppress
@@ -27,11 +26,12 @@ from .progress import bar_factory
 from .result import Result
 from .snapshot import Snapshot, history
 from .views import VersionView
-from npmdb.query import calibration
 from npmdb.query.context import ExecContext
 from npmdb.query.executor import execute
 from npmdb.query.plan import Plan
-from npmdb.query.planner import SEARCH_COLUMNS, plan_classify, plan_masked, plan_search
+from npmdb.query.planner import (
+    SEARCH_COLUMNS, classify_prior, plan_classify, plan_masked, plan_search,
+)
 from npmdb.query.spec import DEFAULT_K, ClassifySpec, DocFilter, MaskedSpec, check_options
 from npmdb.query.text import split_mask
 from npmdb.storage import codec as C
@@ -318,19 +318,18 @@ class Database:
             raise ProgrammingError("labels must be a dict of label -> word or list of words")
         norm = tuple((str(lbl), (w,) if isinstance(w, str) else tuple(w))
                      for lbl, w in labels.items())
-        spec = ClassifySpec(query, norm, tau=tau, k=k, mode=mode, retrieval=retrieval, **options)
-        res = self.run_classify(spec)
-        template = calibration.content_free(query) if calibrate else None
-        if template is None:
-            return res
-        prior = self.run_classify(dataclasses.replace(spec, text=template, evidence=0))
-        return calibration.calibrate(res, prior)
+        spec = ClassifySpec(query, norm, tau=tau, k=k, mode=mode, retrieval=retrieval,
+                            calibrate=calibrate, **options)
+        return self.run_classify(spec)
 
     def run_classify(self, spec: ClassifySpec, **plan_args: Any) -> Result:
         split_mask(spec.text)
         _check_text(spec.text, "the query")
         _check_text(spec.labels, "a label")
-        return self._run(plan_classify(spec, **plan_args), spec)
+        with self._context(spec.version, spec.doc_filter) as ctx:
+            # calibration: the template's label prior first, over the same version
+            prior = classify_prior(spec, lambda plan: execute(plan, ctx))
+            return execute(plan_classify(spec, prior=prior, **plan_args), ctx)
 
     def _run(self, plan: Plan, spec: MaskedSpec | ClassifySpec) -> Result:
         with self._context(spec.version, spec.doc_filter) as ctx:
@@ -346,16 +345,20 @@ class Database:
         _check_text(params, "a parameter")
         return sql.execute(text, params, self._context)
 
-    def search(self, text: str, *, limit: int = 10, version: int | str | None = None
-               ) -> list[dict[str, Any]]:
-        """BM25 search over blocks: ``[{doc_id, title, block, score, snippet}]``."""
+    def search(self, text: str, *, limit: int = 10, version: int | str | None = None,
+               title: bool = False) -> list[dict[str, Any]]:
+        """BM25 search over blocks: ``[{doc_id, title, block, score, snippet}]``.
+        ``title=True`` matches the document titles too (what ``fill_mask``'s BM25
+        retrieval does by default, ``bm25_title``)."""
         if not isinstance(text, str):
             raise ProgrammingError(f"search text must be a str, not {type(text).__name__}")
         _check_text(text, "the search text")
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
             raise ProgrammingError(f"limit must be a non-negative integer, got {limit!r}")
+        if not isinstance(title, bool):
+            raise ProgrammingError(f"title must be True or False, got {title!r}")
         with self._context(version) as ctx:
-            res = execute(plan_search(text, limit), ctx)
+            res = execute(plan_search(text, limit, title=title), ctx)
         return [dict(zip(SEARCH_COLUMNS, row)) for row in res.rows]
 
     # -- documents -----------------------------------------------------------------------

@@ -9,6 +9,8 @@ hand these :class:`~npmdb.query.operators.Candidates`; assembly and scoring prod
 
 from __future__ import annotations
 
+import threading
+import weakref
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
@@ -17,6 +19,7 @@ import numpy as np
 from npmdb.storage.format import WORD_END, WORD_START
 
 from . import scoring as S
+from .calibration import calibrated_scores
 from .operators import (
     Answers, Candidates, ExecState, Group, Occurrences, Operator, _empty, _fmt,
 )
@@ -28,6 +31,28 @@ __all__ = [
 ]
 
 # -- phrase assembly and scoring ------------------------------------------------------------
+
+# Segments written before the BREAK flag bit: their flags with breaks derived from the
+# stored offsets, computed once per segment reader (segments never change).
+_DERIVED_FLAGS: "weakref.WeakKeyDictionary[Any, np.ndarray]" = weakref.WeakKeyDictionary()
+_DERIVED_LOCK = threading.Lock()
+_STORED = object()  # not looked at yet
+
+
+def clause_flags(reader: Any, cols: Any) -> np.ndarray:
+    """The flags a clean span is checked against: the stored ones, or, for a segment
+    stored before the ``BREAK`` bit (no break anywhere), breaks derived at query time
+    (:func:`npmdb.query.scoring.spaced_breaks`), so an old database keeps answering
+    without spans across "." or ","."""
+    with _DERIVED_LOCK:
+        got = _DERIVED_FLAGS.get(reader, _STORED)
+    if got is _STORED:  # first use: keep the derived flags, or None for "the stored ones"
+        # (never the stored column itself: it is a view of one snapshot's pages)
+        got = S.spaced_breaks(cols.flags, cols.offsets, cols.block_ptr) \
+            if S.lacks_breaks(cols.flags) else None
+        with _DERIVED_LOCK:
+            _DERIVED_FLAGS[reader] = got
+    return cols.flags if got is None else got
 
 
 @dataclass(frozen=True)
@@ -46,11 +71,13 @@ class AssembleSpans(Operator):
         found = st.inputs(self, Candidates)
         starts_by, ends_by = Candidates.union(found, "start"), Candidates.union(found, "end")
         for si in sorted(set(starts_by) | set(ends_by)):
+            reader = st.snapshot.segments[si]
             cols = st.snapshot.columns(si)
             starts = starts_by.get(si, np.zeros(0, np.int64))
             ends = ends_by.get(si, np.zeros(0, np.int64))
             both = np.concatenate([starts, ends]).astype(np.int64)
-            spans = S.assemble_spans(starts, ends, cols.flags, cols.block_start(both),
+            flags = clause_flags(reader, cols) if self.clean_edges else cols.flags
+            spans = S.assemble_spans(starts, ends, flags, cols.block_start(both),
                                      cols.block_end(both), max_len=self.max_len,
                                      clean_edges=self.clean_edges, no_stopwords=self.no_stopwords)
             segs.append(np.full(len(spans), si, np.int64))
@@ -309,10 +336,17 @@ class ClassifyLabels(Operator):
     tau: float
     mode: str = "phrase"
     children: tuple = ()
+    # contextual calibration: each label's probability divided by ``prior`` (the label
+    # probabilities of the content-free ``template``, run first), renormalised
+    calibrate: bool = False
+    template: str = ""
+    prior: tuple[tuple[str, float], ...] = ()
 
     def detail(self) -> str:
         return _fmt(labels="{" + ", ".join(f"{l}: {list(w)}" for l, w in self.labels) + "}",
-                    tau=self.tau)
+                    tau=self.tau) + (
+            "" if not self.calibrate else
+            f", calibrated by {self.template!r}" if self.template else ", calibrated")
 
     def run(self, st: ExecState) -> Answers:
         occ = st.input(self, Occurrences)
@@ -341,6 +375,13 @@ class ClassifyLabels(Operator):
                       weights=np.exp(np.minimum(logits, 700.0)) if len(idx) else None)
             g.extra["log_score"] = log_score
             groups.append(g)
+        if self.prior:
+            prior = dict(self.prior)
+            cal = calibrated_scores({g.text: g.score for g in groups}, prior)
+            for g in groups:
+                g.extra["uncalibrated"], g.score = g.score, cal[g.text]
+            st.info["calibrated"] = {"template": self.template,
+                                     "prior": {t: round(v, 6) for t, v in prior.items()}}
         return Answers(groups, occ, len(groups))
 
 

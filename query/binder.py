@@ -391,16 +391,17 @@ class _Binder:
         o = {**d, **opts}
         method = opts.get("retrieval", "dense")
         node = Retrieve(self.source, text, method, o["mode"], o["k"], o["blocks"], o["exact"],
-                        version)
+                        version, bm25_title=o["bm25_title"], bm25_question=o["bm25_question"])
         if o["mode"] == "phrase":
             node = Assemble(o["max_len"], o["clean_edges"], o.get("no_stopwords", False), node)
             node = Score(o["tau"], o.get("scoring", "npm"), node)
         else:
             node = Score(o["tau"], "softmax", node)
         if classify:
-            node = Classify(labels, o["tau"], node)
+            node = Classify(labels, o["tau"], node, o["calibrate"])
         else:
-            node = Aggregate(group_by or "phrase", o["alpha"], node)
+            node = Aggregate(group_by or "phrase", o["alpha"], node,
+                             o["not_in_query"], o["no_query_words"])
         if where is not None:
             node = Filter(where, "where", node)
         evidence_rows = self.source == "EVIDENCE"
@@ -449,10 +450,12 @@ _USING_ARGS = {
 }
 # WITH options per source.
 _MASKED_OPTS = ("mode", "k", "blocks", "max_len", "tau", "alpha", "exact", "scoring",
-                "clean_edges", "no_stopwords", "evidence")
+                "clean_edges", "no_stopwords", "evidence", "bm25_title", "bm25_question",
+                "not_in_query", "no_query_words")
 _WITH_OPTIONS = {
     "MASKED": _MASKED_OPTS, "TOKENS": _MASKED_OPTS, "EVIDENCE": _MASKED_OPTS,
-    "CLASSIFY": ("mode", "k", "blocks", "max_len", "tau", "exact", "clean_edges", "evidence"),
+    "CLASSIFY": ("mode", "k", "blocks", "max_len", "tau", "exact", "clean_edges", "evidence",
+                 "bm25_title", "bm25_question", "calibrate"),
     "SEARCH": (), "DOCUMENTS": (),
 }
 # Options that a clause sets.
@@ -465,6 +468,9 @@ _OPTION_TYPES: dict[str, tuple] = {
     "evidence": ("int", "an integer"), "tau": ("number", "a number"),
     "alpha": ("number", "a number"), "exact": ("bool", "TRUE or FALSE"),
     "clean_edges": ("bool", "TRUE or FALSE"), "no_stopwords": ("bool", "TRUE or FALSE"),
+    "bm25_title": ("bool", "TRUE or FALSE"), "bm25_question": ("bool", "TRUE or FALSE"),
+    "not_in_query": ("bool", "TRUE or FALSE"), "no_query_words": ("bool", "TRUE or FALSE"),
+    "calibrate": ("bool", "TRUE or FALSE"),
     "scoring": ("str", "npm or raw", SCORINGS), "mode": ("str", "phrase or token", MODES),
 }
 

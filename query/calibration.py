@@ -13,11 +13,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from typing import Mapping
 
 from .result import Result
 from .text import MASK_PATTERN
 
-__all__ = ["content_free", "calibrate"]
+__all__ = ["content_free", "calibrate", "probabilities", "calibrated_scores", "EPS"]
+
+#: Smoothing of a label the template never retrieved (and of every label's probability).
+EPS = 1e-3
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
@@ -35,19 +39,32 @@ def content_free(text: str) -> str | None:
     return template or None
 
 
-def calibrate(res: Result, prior: Result, *, eps: float = 1e-3) -> Result:
-    """``res`` with each label's score replaced by ``P(l|x) / P(l|template)``, normalised
-    over the labels and re-ranked. ``eps`` smooths a label the template never retrieved."""
-    def probs(r: Result) -> dict[str, float]:
-        total = sum(a.score for a in r.answers if math.isfinite(a.score))
-        n = max(len(r.answers), 1)
-        return {a.text: ((a.score / total if total > 0 else 0.0) + eps) / (1 + eps * n)
-                for a in r.answers}
+def probabilities(scores: Mapping[str, float], eps: float = EPS) -> dict[str, float]:
+    """Each label's share of the labels' total score, smoothed by ``eps``."""
+    total = sum(v for v in scores.values() if math.isfinite(v))
+    n = max(len(scores), 1)
+    return {t: ((v / total if total > 0 else 0.0) + eps) / (1 + eps * n)
+            for t, v in scores.items()}
 
-    p, q = probs(res), probs(prior)
-    raw = {t: p[t] / q.get(t, eps) for t in p}
+
+def calibrated_scores(scores: Mapping[str, float], prior: Mapping[str, float],
+                      eps: float = EPS) -> dict[str, float]:
+    """``P(l|x) / P(l|template)`` normalised over the labels: ``scores`` are the labels'
+    scores for the query, ``prior`` the template's label probabilities
+    (:func:`probabilities` of its scores); a label the prior lacks gets ``eps``."""
+    p = probabilities(scores, eps)
+    raw = {t: p[t] / prior.get(t, eps) for t in p}
     z = sum(raw.values()) or 1.0
-    answers = sorted((dataclasses.replace(a, score=raw[a.text] / z) for a in res.answers),
+    return {t: v / z for t, v in raw.items()}
+
+
+def calibrate(res: Result, prior: Result, *, eps: float = EPS) -> Result:
+    """``res`` with each label's score replaced by ``P(l|x) / P(l|template)``, normalised
+    over the labels and re-ranked (what ``classify(calibrate=True)`` computes in its plan;
+    here for results already run, as the benchmark reuses one prior per template)."""
+    q = probabilities({a.text: a.score for a in prior.answers}, eps)
+    cal = calibrated_scores({a.text: a.score for a in res.answers}, q, eps)
+    answers = sorted((dataclasses.replace(a, score=cal[a.text]) for a in res.answers),
                      key=lambda a: -a.score)
     info = {**res.info, "calibrated": {"template": prior.query,
                                        "prior": {t: round(v, 6) for t, v in q.items()}}}

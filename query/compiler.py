@@ -34,7 +34,7 @@ from .context import OpenContext
 from .executor import execute
 from .operators import Answers, BM25Blocks, Operator
 from .plan import Plan
-from .planner import plan_classify, plan_masked
+from .planner import classify_prior, plan_classify, plan_masked
 from .printer import expr_to_sql
 from .rows import (
     BlockRows, EvidenceRows, FilterRows, LimitRows, OrderRows, Project, ScanDocuments,
@@ -435,6 +435,9 @@ class Compiled:
                 snap = ctx.require()
                 return Result((), query=self.query, version=snap.manifest.id,
                               generation=snap.generation, columns=self.columns, rows=())
+            if isinstance(self.spec, ClassifySpec) and self.spec.calibrate:
+                prior = classify_prior(self.spec, lambda p: execute(p, ctx))
+                plan = plan_classify(self.spec, prior=prior, **self.plan_args)
             res = execute(plan, ctx)
         if res.columns is None:
             return dataclasses.replace(res, columns=self.columns, rows=())
@@ -502,7 +505,8 @@ def _compile_answers(plan, nodes, columns, fns, doc_filter, text) -> Compiled:
     leaf: L.Retrieve = nodes[-1]
     kw: dict[str, Any] = {"mode": leaf.mode, "retrieval": leaf.method, "k": leaf.k,
                           "blocks": leaf.blocks, "exact": leaf.exact, "version": leaf.version,
-                          "doc_filter": doc_filter, "evidence": 0}
+                          "doc_filter": doc_filter, "evidence": 0,
+                          "bm25_title": leaf.bm25_title, "bm25_question": leaf.bm25_question}
     plan_args: dict[str, Any] = {}
     labels = None
     expand: L.Evidence | None = None
@@ -516,9 +520,10 @@ def _compile_answers(plan, nodes, columns, fns, doc_filter, text) -> Compiled:
             if n.scoring != "softmax" and leaf.source != "CLASSIFY":
                 kw["scoring"] = n.scoring
         elif isinstance(n, L.Aggregate):
-            kw.update(group_by=n.group_by, alpha=n.alpha)
+            kw.update(group_by=n.group_by, alpha=n.alpha, not_in_query=n.not_in_query,
+                      no_query_words=n.no_query_words)
         elif isinstance(n, L.Classify):
-            labels, kw["tau"] = n.labels, n.tau
+            labels, kw["tau"], kw["calibrate"] = n.labels, n.tau, n.calibrate
         elif isinstance(n, L.Filter) and n.level == "answer":
             pred = _condition(n.condition, text)
             plan_args["answer_filter"] = (_describe(n.condition), lambda g: pred(_answer_row(g)))

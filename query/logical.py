@@ -86,6 +86,8 @@ class Retrieve(Node):
     version: int | str | None = None
     doc_filter: A.Expr | None = None
     stop_after: int | None = None  # DOCUMENTS: a LIMIT folded into the scan
+    bm25_title: bool = True        # BM25 matches the document titles too
+    bm25_question: bool = False    # BM25 searches only the question before the mask
 
     def detail(self) -> str:
         parts = [self.source]
@@ -98,6 +100,10 @@ class Retrieve(Node):
             parts.append(f"k={self.k}")
         if self.blocks is not None and self.method in ("bm25", "hybrid"):
             parts.append(f"blocks={self.blocks}")
+            if not self.bm25_title:
+                parts.append("bm25_title=false")
+            if self.bm25_question:
+                parts.append("bm25_question=true")
         if self.query:
             parts.append("query=" + _one_line(quote_string(self.query)))
         if self.version is not None:
@@ -140,9 +146,13 @@ class Aggregate(Node):
     group_by: str
     alpha: float
     child: Node
+    not_in_query: bool = True      # drop answers that are a run of the query's words
+    no_query_words: bool = True    # drop answers holding a non-stopword of the query
 
     def detail(self) -> str:
-        return f"group_by={self.group_by}, alpha={self.alpha}"
+        return f"group_by={self.group_by}, alpha={self.alpha}" + (
+            "" if self.not_in_query else ", not_in_query=false") + (
+            "" if self.no_query_words else ", no_query_words=false")
 
 
 @dataclass(frozen=True)
@@ -150,10 +160,12 @@ class Classify(Node):
     labels: tuple[tuple[str, tuple[str, ...]], ...]
     tau: float
     child: Node
+    calibrate: bool = False   # contextual calibration against the template's label prior
 
     def detail(self) -> str:
         labels = ", ".join(f"{n}: [{', '.join(quote_string(w) for w in ws)}]" for n, ws in self.labels)
-        return _one_line(f"labels={{{labels}}}, tau={self.tau}")
+        return _one_line(f"labels={{{labels}}}, tau={self.tau}"
+                         + (", calibrate=true" if self.calibrate else ""))
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import numpy as np
 from npmdb.storage.bm25 import analyze, global_idf
 from npmdb.storage.format import VALID_END, VALID_START, WORD_END, WORD_START
 
-from .text import MASK_PATTERN
+from .text import bm25_text
 
 __all__ = [
     "ExecState", "Operator", "Output", "QueryVectors", "Candidates", "BlockHits", "Occurrences",
@@ -455,15 +455,20 @@ class BM25Blocks(Operator):
     n: int
     children: tuple = ()
     docs: str = ""  # the document filter, for EXPLAIN (the snapshot applies it)
+    title: bool = False     # match the document title too (NPM's blocks carried it)
+    question: bool = False  # search only the question before the mask (up to its "?")
 
     def detail(self) -> str:
-        return _fmt(blocks=self.n) + (f", docs: {self.docs}" if self.docs else "")
+        return (_fmt(blocks=self.n) + (", fields: text+title" if self.title else "")
+                + (", question only" if self.question else "")
+                + (f", docs: {self.docs}" if self.docs else ""))
 
     def run(self, st: ExecState) -> BlockHits:
         snap = st.snapshot
-        terms = list(dict.fromkeys(analyze(MASK_PATTERN.sub(" ", st.text))))
+        terms = list(dict.fromkeys(analyze(bm25_text(st.text, question=self.question))))
+        fields = ("text", "title") if self.title else ("text",)
         # one segment: tantivy's own statistics; several: global IDFs, as one big index
-        idf = global_idf([s.bm25() for s in snap.segments], terms) \
+        idf = {f: global_idf([s.bm25() for s in snap.segments], terms, f) for f in fields} \
             if len(snap.segments) > 1 else None
         allowed = [snap.allowed_docs(si) for si in range(len(snap.segments))]
         limits = [min(self.n, seg.record.blocks)  # tantivy panics on
@@ -474,7 +479,8 @@ class BM25Blocks(Operator):
             if docs is not None and len(docs) == 0:
                 return []
             return [(si, block, score) for block, _doc, score in
-                    snap.segments[si].bm25().search(terms, limits[si], docs=docs, idf=idf)]
+                    snap.segments[si].bm25().search(terms, limits[si], docs=docs, idf=idf,
+                                                    fields=fields)]
 
         hits = [h for part in per_segment(one, len(snap.segments)) for h in part]
         hits.sort(key=lambda h: (-h[2], h[0], h[1]))

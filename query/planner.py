@@ -17,12 +17,14 @@ from .answers import (
     ScoreSpans, ScoreTokens,
 )
 from .operators import BlockTokens, BM25Blocks, DenseTopK, EncodeQuery, ExactTopK, Operator
+from . import calibration
 from .plan import Plan
+from .result import Result
 from .rows import BlockRows, Project
 from .spec import ClassifySpec, MaskedSpec
-from .text import STOPWORDS, fold, query_ngrams, words_of
+from .text import STOPWORDS, fold, query_content_words, query_ngrams, words_of
 
-__all__ = ["plan_masked", "plan_classify", "plan_search", "SEARCH_COLUMNS"]
+__all__ = ["plan_masked", "plan_classify", "classify_prior", "plan_search", "SEARCH_COLUMNS"]
 
 #: ``Database.search``'s keys, in order.
 SEARCH_COLUMNS = ("doc_id", "title", "block", "score", "snippet")
@@ -51,7 +53,8 @@ def _retrieval(spec, sides: tuple[str, ...], any_word: bool) -> Operator:
             dense = [DenseTopK(side, spec.k, children=(enc,), docs=docs) for side in sides]
     lexical: list[Operator] = []
     if spec.retrieval in ("bm25", "hybrid"):
-        bm25 = BM25Blocks(spec.blocks, docs=docs)
+        bm25 = BM25Blocks(spec.blocks, docs=docs, title=spec.bm25_title,
+                          question=spec.bm25_question)
         lexical = [BlockTokens(spec.mode, children=(bm25,), any_word=any_word)]
         if not dense:
             lexical = [BlockTokens(spec.mode, children=(bm25, enc), any_word=any_word)]
@@ -84,6 +87,7 @@ def plan_masked(spec: MaskedSpec, *, answer_filter: tuple[str, Callable] | None 
     # the best top + offset of them (every occurrence is still grouped and summed).
     top_n = spec.top + spec.offset if (spec.top and answer_filter is None
                                        and not spec.not_in_query
+                                       and not spec.no_query_words
                                        and tuple(order) == (("score", True),)) else 0
     op: Operator = Aggregate("word" if spec.mode == "token" and spec.group_by == "word"
                              else spec.group_by, spec.alpha, children=(_candidates(spec),),
@@ -92,6 +96,11 @@ def plan_masked(spec: MaskedSpec, *, answer_filter: tuple[str, Callable] | None 
         grams = query_ngrams(spec.text, spec.max_len)
         op = FilterAnswers("phrase not in the query",
                            lambda g: words_of(g.text) not in grams, children=(op,))
+    if spec.no_query_words:
+        content = query_content_words(spec.text)
+        op = FilterAnswers("no word of the query",
+                           lambda g: content.isdisjoint(words_of(g.text).split()),
+                           children=(op,))
     if answer_filter is not None:
         op = FilterAnswers(answer_filter[0], answer_filter[1], children=(op,))
     op = OrderBy(order, children=(op,))
@@ -101,10 +110,28 @@ def plan_masked(spec: MaskedSpec, *, answer_filter: tuple[str, Callable] | None 
     return Plan(_wrap(op, tail), kind="masked", query=spec.text)
 
 
+def classify_prior(spec: ClassifySpec, run: Callable[[Plan], Result]
+                   ) -> tuple[str, tuple[tuple[str, float], ...]] | None:
+    """For ``spec.calibrate``: the content-free template (the sentence holding the mask)
+    and its label probabilities, its plan run by ``run`` over the same version and
+    documents; None when not calibrating or when nothing precedes that sentence."""
+    template = calibration.content_free(spec.text) if spec.calibrate else None
+    if template is None:
+        return None
+    res = run(plan_classify(replace(spec, text=template, calibrate=False, evidence=0, top=0,
+                                    offset=0)))
+    probs = calibration.probabilities({a.text: a.score for a in res.answers})
+    return template, tuple(probs.items())
+
+
 def plan_classify(spec: ClassifySpec, *, answer_filter: tuple[str, Callable] | None = None,
                   order: tuple[tuple[str, bool], ...] = (("score", True),),
-                  tail: Sequence[Operator] = ()) -> Plan:
-    op: Operator = ClassifyLabels(spec.labels, spec.tau, spec.mode, children=(_candidates(spec),))
+                  tail: Sequence[Operator] = (),
+                  prior: tuple[str, tuple[tuple[str, float], ...]] | None = None) -> Plan:
+    """``prior``: :func:`classify_prior`'s template and label probabilities (calibration)."""
+    template, probs = prior if prior is not None else ("", ())
+    op: Operator = ClassifyLabels(spec.labels, spec.tau, spec.mode, children=(_candidates(spec),),
+                                  calibrate=spec.calibrate, template=template, prior=probs)
     if answer_filter is not None:
         op = FilterAnswers(answer_filter[0], answer_filter[1], children=(op,))
     op = OrderBy(order, children=(op,))
@@ -119,9 +146,10 @@ def _search_row(r: dict) -> tuple:
     return (r["doc.id"], r["doc.title"], r["block"], r["score"], r["snippet"])
 
 
-def plan_search(text: str, limit: int) -> Plan:
+def plan_search(text: str, limit: int, *, title: bool = False) -> Plan:
     """``Database.search``: the top ``limit`` blocks by BM25, one row each
-    (:data:`SEARCH_COLUMNS`), as SQL's SEARCH source runs them."""
-    rows = BlockRows(children=(BM25Blocks(limit),))
+    (:data:`SEARCH_COLUMNS`), as SQL's SEARCH source runs them; ``title``: match the
+    document titles too."""
+    rows = BlockRows(children=(BM25Blocks(limit, title=title),))
     return Plan(Project(SEARCH_COLUMNS, lambda rows, _snap: [_search_row(r) for r in rows.rows],
                         children=(rows,)), kind="rows", query=text)

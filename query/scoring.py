@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from npmdb.storage.format import BREAK, STOPWORD, VALID_END, VALID_START, WORD_END, WORD_START
+from npmdb.storage.format import (
+    BREAK, PUNCT, STOPWORD, VALID_END, VALID_START, WORD_END, WORD_START,
+)
 
-__all__ = ["softmax", "assemble_spans", "span_scores", "label_logits", "group_keys"]
+__all__ = ["softmax", "assemble_spans", "span_scores", "label_logits", "group_keys",
+           "lacks_breaks", "spaced_breaks"]
 
 
 def softmax(x: np.ndarray, tau: float) -> np.ndarray:
@@ -79,6 +82,33 @@ def assemble_spans(starts: np.ndarray, ends: np.ndarray, flags: np.ndarray,
         at = np.where(inside, spans[:, :1] + width[None, :], spans[:, :1])
         spans = spans[~(((flags[at] & banned) != 0) & inside).any(axis=1)]
     return spans
+
+
+def lacks_breaks(flags: np.ndarray) -> bool:
+    """True for flags written before the ``BREAK`` bit existed: punctuation, but no token
+    marked as clause or sentence punctuation (any real text has a full stop or a comma)."""
+    return not (flags & BREAK).any() and bool((flags & PUNCT).any())
+
+
+def spaced_breaks(flags: np.ndarray, offsets: np.ndarray, block_ptr: np.ndarray) -> np.ndarray:
+    """``flags`` with ``BREAK`` set, for a segment stored without it, from what it does
+    store: a punctuation token with white space (or its block's edge) on either side is
+    a break ("Rome. Milan", "Berlin, Germany", "X (Y", "a - b"); one inside a word is not
+    ("U.S", "3.5", "e-mail"). Ingest's rule (``npmdb.boundaries.is_break``) also reads the
+    characters: this one also breaks "Tom & Jerry" and keeps "1,000" whole."""
+    n = len(flags)
+    out = np.array(flags, dtype=np.uint8, copy=True)
+    if n == 0:
+        return out
+    starts = np.asarray(offsets[:, 0], np.int64)
+    ends = np.asarray(offsets[:, 1], np.int64)
+    gap = np.ones(n + 1, dtype=bool)          # gap[i]: white space just before token i
+    gap[1:n] = starts[1:] > ends[:-1]
+    edges = np.asarray(block_ptr, np.int64)
+    gap[edges] = True                         # a block's first token and its end
+    brk = ((flags & PUNCT) != 0) & (gap[:-1] | gap[1:])
+    out[brk] |= BREAK
+    return out
 
 
 def span_scores(start_ids: np.ndarray, end_ids: np.ndarray, sim_start: np.ndarray,

@@ -8,7 +8,7 @@ import re
 from npmdb.errors import ProgrammingError
 
 __all__ = ["MASK_PATTERN", "STOPWORDS", "split_mask", "fold", "fold_view", "query_ngrams",
-           "words_of", "snippet_bounds"]
+           "words_of", "snippet_bounds", "bm25_text", "query_content_words"]
 
 MASK_PATTERN = re.compile(r"\[MASK\]|<mask>", re.IGNORECASE)
 
@@ -26,6 +26,20 @@ def split_mask(text: str, own_mask: str = "[MASK]") -> tuple[str, str]:
             f"a query needs exactly one mask ([MASK] or <mask>), found {len(found)} in {text!r}")
     m = found[0]
     return text[:m.start()], text[m.end():]
+
+
+def bm25_text(text: str, *, question: bool = False) -> str:
+    """What BM25 searches for a masked query: the query with the mask blanked (NPM's
+    restricted mode). ``question``: a query whose mask follows a question ("Where is
+    Maiduguri? It is in [MASK].") searches the question alone, up to its first "?", as
+    NPM's released code did for question tasks; a query with no "?" before the mask is
+    searched whole."""
+    m = MASK_PATTERN.search(text)
+    if question and m is not None:
+        q = text.find("?", 0, m.start())
+        if q != -1:
+            return text[:q + 1]
+    return MASK_PATTERN.sub(" ", text)
 
 
 def fold(text: str) -> str:
@@ -65,6 +79,13 @@ def query_ngrams(text: str, max_words: int = 20) -> frozenset[str]:
         grams.update(" ".join(words[i:j]) for i in range(len(words))
                      for j in range(i + 1, min(i + max_words, len(words)) + 1))
     return frozenset(grams)
+
+
+def query_content_words(text: str) -> frozenset[str]:
+    """The folded words of a query (mask removed) that are not stopwords: an answer holding
+    one copies the query ("capital of Moldova" for "Where is Moldova?")."""
+    return frozenset(w for w in _WORD.findall(MASK_PATTERN.sub(" ", text).casefold())
+                     if w not in STOPWORDS)
 
 
 def fold_view(text: str) -> str | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import tantivy
 
@@ -13,7 +13,10 @@ from npmdb.errors import OperationalError
 
 from .paths import fsync_path
 
-__all__ = ["BlockDoc", "build_bm25", "BM25Index", "analyze", "bm25_idf", "global_idf"]
+__all__ = ["BlockDoc", "build_bm25", "BM25Index", "analyze", "bm25_idf", "global_idf", "FIELDS"]
+
+#: The text fields of a block's tantivy document (both indexed since the first format).
+FIELDS = ("text", "title")
 
 _ANALYZER = (tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.simple())
              .filter(tantivy.Filter.remove_long(40)).filter(tantivy.Filter.lowercase()).build())
@@ -74,25 +77,34 @@ class BM25Index:
         self.schema = self.index.schema
         self.searcher = self.index.searcher()
 
-    def term_stats(self, terms: Sequence[str]) -> tuple[int, list[int]]:
-        """(number of blocks, document frequency of each term) in this segment."""
-        return self.searcher.num_docs, [self.searcher.doc_freq("text", t) for t in terms]
+    def term_stats(self, terms: Sequence[str], field: str = "text") -> tuple[int, list[int]]:
+        """(number of blocks, document frequency of each term in ``field``) in this segment."""
+        return self.searcher.num_docs, [self.searcher.doc_freq(field, t) for t in terms]
 
     def query(self, terms: Sequence[str], *, docs: Sequence[int] | None = None,
-              idf: Sequence[float] | None = None) -> tantivy.Query:
-        """OR of the terms; with ``idf`` (global IDFs, one per term) each term is boosted by
+              idf: Mapping[str, Sequence[float]] | Sequence[float] | None = None,
+              fields: Sequence[str] = ("text",)) -> tantivy.Query:
+        """OR of the terms over ``fields`` (``text``; ``title`` too: every block carries its
+        document's title, as NPM's BM25 blocks did). With ``idf`` (global IDFs per field, one
+        per term; a plain sequence is the ``text`` field's) each term is boosted by
         ``idf / local idf`` so scores use the statistics of the whole version."""
+        if idf is not None and not isinstance(idf, Mapping):
+            idf = {"text": idf}
+        for f in fields:
+            if f not in FIELDS:
+                raise ValueError(f"no BM25 field {f!r} (fields: {', '.join(FIELDS)})")
         terms = list(dict.fromkeys(terms)) if idf is None else list(terms)
         shoulds = []
         n_docs = self.searcher.num_docs
-        for i, t in enumerate(terms):
-            q = tantivy.Query.term_query(self.schema, "text", t)
-            if idf is not None:
-                df = self.searcher.doc_freq("text", t)
-                if df == 0:
-                    continue
-                q = tantivy.Query.boost_query(q, float(idf[i] / bm25_idf(df, n_docs)))
-            shoulds.append((tantivy.Occur.Should, q))
+        for f in fields:
+            for i, t in enumerate(terms):
+                q = tantivy.Query.term_query(self.schema, f, t)
+                if idf is not None:
+                    df = self.searcher.doc_freq(f, t)
+                    if df == 0:
+                        continue
+                    q = tantivy.Query.boost_query(q, float(idf[f][i] / bm25_idf(df, n_docs)))
+                shoulds.append((tantivy.Occur.Should, q))
         q = tantivy.Query.boolean_query(shoulds)
         if docs is not None:
             # a non-scoring filter: BM25 scores stay those of the unfiltered query
@@ -102,11 +114,13 @@ class BM25Index:
         return q
 
     def search(self, terms: Sequence[str], n: int, *, docs: Sequence[int] | None = None,
-               idf: Sequence[float] | None = None) -> list[tuple[int, int, float]]:
+               idf: Mapping[str, Sequence[float]] | Sequence[float] | None = None,
+               fields: Sequence[str] = ("text",)) -> list[tuple[int, int, float]]:
         """Top ``n`` blocks as ``(block, doc, score)``, best first."""
         if not terms or n <= 0:
             return []
-        res = self.searcher.search(self.query(terms, docs=docs, idf=idf), limit=n, count=False)
+        res = self.searcher.search(self.query(terms, docs=docs, idf=idf, fields=fields),
+                                   limit=n, count=False)
         if not res.hits:
             return []
         addrs = [a for _, a in res.hits]
@@ -124,11 +138,13 @@ def bm25_idf(df: int, n_docs: int) -> float:
     return math.log(1.0 + (n_docs - df + 0.5) / (df + 0.5))
 
 
-def global_idf(indexes: Sequence["BM25Index"], terms: Sequence[str]) -> list[float]:
-    """IDF of each term over all ``indexes`` together, as one index over all blocks."""
+def global_idf(indexes: Sequence["BM25Index"], terms: Sequence[str], field: str = "text"
+               ) -> list[float]:
+    """IDF of each term in ``field`` over all ``indexes`` together, as one index over all
+    blocks."""
     total, dfs = 0, [0] * len(terms)
     for ix in indexes:
-        n, d = ix.term_stats(terms)
+        n, d = ix.term_stats(terms, field)
         total += n
         dfs = [a + b for a, b in zip(dfs, d)]
     return [bm25_idf(df, total) for df in dfs]

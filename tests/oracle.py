@@ -174,9 +174,11 @@ class Oracle:
     def surface(self, s: int, e: int) -> str:
         return self.docs[int(self.doc_of[s])][2][int(self.offsets[s, 0]):int(self.offsets[e, 1])]
 
-    def bm25_blocks(self, text: str, n: int) -> list[tuple[int, int]]:
-        """Global token ranges of the top ``n`` BM25 blocks for ``text`` with its mask blanked."""
-        hits = self.db.search(MASK_RE.sub(" ", text), limit=n, version=self.version)
+    def bm25_blocks(self, text: str, n: int, *, title: bool = True) -> list[tuple[int, int]]:
+        """Global token ranges of the top ``n`` BM25 blocks for ``text`` with its mask
+        blanked, titles matched too (fill_mask's default ``bm25_title``)."""
+        hits = self.db.search(MASK_RE.sub(" ", text), limit=n, version=self.version,
+                              title=title)
         out = []
         for h in hits:
             si = self.doc_seg[h["doc_id"]]
@@ -231,10 +233,11 @@ class Oracle:
     def fill_mask(self, text: str, *, mode: str = "phrase", retrieval: str = "dense",
                   k: int = 1024, blocks: int = 3, max_len: int = 10, tau: float = 1.0,
                   alpha: float = 0.0, scoring: str = "npm", qv=None,
-                  not_in_query: bool = True) -> OracleResult:
+                  not_in_query: bool = True, no_query_words: bool = True) -> OracleResult:
         """All answers (not only the top few) of a masked query. ``scoring='raw'`` is
         DensePhrases' ``sim_s + sim_e`` instead of NPM's ``P_s + P_e``. ``not_in_query``
-        drops answers whose words are a run of the query's words (npmdb's default)."""
+        drops answers whose words are a run of the query's words, ``no_query_words`` those
+        holding any word of the query that is not a stopword (npmdb's defaults)."""
         qv = qv if qv is not None else self.encode(text, mode)
         blk = self.bm25_blocks(text, blocks) if retrieval in ("bm25", "hybrid") else []
         answers: dict[str, OracleAnswer] = {}
@@ -286,6 +289,13 @@ class Oracle:
         if not_in_query:
             grams = _query_grams(text)
             for key in [k for k in answers if " ".join(re.findall(r"\w+", k)) in grams]:
+                del answers[key]
+        if no_query_words:
+            # the stopword list is data the engine and the oracle share (NLTK's)
+            from npmdb.boundaries import STOPWORDS
+
+            words = set(re.findall(r"\w+", MASK_RE.sub(" ", text).casefold())) - STOPWORDS
+            for key in [k for k in answers if words & set(re.findall(r"\w+", k))]:
                 del answers[key]
         return res
 

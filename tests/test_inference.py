@@ -144,8 +144,9 @@ def test_not_in_query_drops_answers_that_repeat_the_query(tmp_path, tiny_encoder
     with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:
         db.add(CORPUS)
         q = "Berlin hosts many artists in [MASK]."
-        plain = [a.text for a in db.fill_mask(q, retrieval="bm25", top=200, not_in_query=False)]
-        kept = db.fill_mask(q, retrieval="bm25", top=200)              # the default
+        plain = [a.text for a in db.fill_mask(q, retrieval="bm25", top=200, not_in_query=False,
+                                              no_query_words=False)]
+        kept = db.fill_mask(q, retrieval="bm25", top=200, no_query_words=False)
         grams = query_ngrams(q)
         assert any(t.casefold() in grams for t in plain)          # the repeats were there
         assert [a.text for a in kept] == [t for t in plain if t.casefold() not in grams]
@@ -161,3 +162,197 @@ def test_query_ngrams_stay_linear_in_a_long_query():
     grams = query_ngrams(text, 10)
     assert "w5 w6 w7" in grams and "w5 w6 w7 w8 w9 w10 w11 w12 w13 w14 w15" not in grams
     assert len(grams) <= 20000 * 10
+
+
+def _strip_break_bits(db) -> int:
+    """Rewrite every segment's stored flags without the BREAK bit, as a database written
+    before that bit exists (the format is otherwise the same); returns tokens touched."""
+    from npmdb.storage import format as F
+
+    touched = 0
+
+    def strip(txn):
+        nonlocal touched
+        cur = txn.cursor(db=db.env.dbs["segcols"])
+        for key, raw in list(cur):
+            if key[4:] != b"flags":
+                continue
+            flags = F.unpack_array(raw).copy()
+            touched += int((flags & BREAK).astype(bool).sum())
+            txn.put(key, F.pack_array(flags & np.uint8(~BREAK & 0xFF)), db=db.env.dbs["segcols"])
+    db.env.write(strip)
+    return touched
+
+
+def test_spaced_breaks_from_offsets_alone():
+    from npmdb.query.scoring import lacks_breaks, spaced_breaks
+
+    for text, marks in [("Rome. Milan was next", ["."]),
+                        # ")" touches words on neither side; the "." after it breaks
+                        ("Berlin, Germany (painters; poets).", [",", "(", ";", "."]),
+                        ("the U.S. Army", ["."]), ("an e-mail of 3.5 cents - or a/b", ["-"])]:
+        offs = np.array([(m.start(), m.end()) for m in re.finditer(r"\w+|[^\w\s]", text)],
+                        dtype=np.int32)
+        stored = token_flags(text, offs) & np.uint8(~BREAK & 0xFF)   # an old segment's flags
+        assert lacks_breaks(stored) and not lacks_breaks(token_flags(text, offs))
+        got = spaced_breaks(stored, offs, np.array([0, len(offs)]))
+        assert [text[s:e] for (s, e), f in zip(offs, got) if f & BREAK] == marks, text
+        assert ((got & np.uint8(~BREAK & 0xFF)) == stored).all()     # only BREAK is added
+
+
+def test_old_database_without_break_bits_answers_clean_spans(tmp_path, tiny_encoder):
+    """A database stored before the BREAK bit keeps working, and its answers do not cross
+    "." or "," either: the breaks are derived from the stored offsets at query time."""
+    import npmdb
+
+    path = tmp_path / "db"
+    with npmdb.open(path, encoder=tiny_encoder, progress=False) as db:
+        db.add(CORPUS)
+        db.add([{"id": "more", "text": "Turin, then Genoa. Then Pisa; then Rome."}])  # 2 segments
+        assert _strip_break_bits(db) > 10
+    with npmdb.open(path, progress=False) as db:
+        seen = 0
+        for q in ("The race began in [MASK].", "[MASK] hosts many artists.",
+                  "Then [MASK] came."):
+            for retrieval in ("dense", "bm25"):
+                for a in db.fill_mask(q, retrieval=retrieval, top=50, max_len=10):
+                    seen += 1
+                    assert not re.search(r"[,;:!?()]|\.\s", a.text), a.text
+        assert seen > 20
+        raw = [a.text for a in db.fill_mask("The race began in [MASK].", retrieval="bm25",
+                                            top=500, clean_edges=False)]
+        assert any(re.search(r"[,;]|\.\s", t) for t in raw)   # what the rule keeps out
+
+
+TITLED = [
+    {"id": "mai", "title": "Maiduguri", "text": "A city of the Borno state in Nigeria."},
+    {"id": "kano", "title": "Kano", "text": "Kano is a city in Nigeria."},
+    {"id": "box", "title": "Boxes", "text": "It is in the box. It is in the bag, it is in."},
+    {"id": "bag", "title": "Bags", "text": "It is in the bag, in the bag."},
+]
+
+
+def test_bm25_text_cuts_a_question_at_its_question_mark():
+    from npmdb.query.text import bm25_text
+
+    assert bm25_text("Where is Maiduguri? It is in [MASK].", question=True) == \
+        "Where is Maiduguri?"
+    assert bm25_text("Where is Maiduguri? It is in [MASK].") == "Where is Maiduguri? It is in  ."
+    assert bm25_text("Is [MASK] big? Yes.", question=True) == "Is   big? Yes."  # mask asked
+    assert bm25_text("Maiduguri is in [MASK].", question=True) == "Maiduguri is in  ."
+
+
+@pytest.mark.parametrize("split", [False, True])   # one segment / global IDFs over two
+def test_bm25_title_and_question_options(tmp_path, tiny_encoder, split):
+    import npmdb
+
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:
+        if split:
+            db.add(TITLED[:2])
+            db.add(TITLED[2:])
+        else:
+            db.add(TITLED)
+
+        def docs(q, **kw):
+            res = db.fill_mask(q, retrieval="bm25", blocks=1, top=100, evidence=100, **kw)
+            return {e.doc_id for a in res for e in a.evidence}, res.plan
+
+        # "maiduguri" is only in a title: the text alone finds another block
+        got, plan = docs("Maiduguri is a city in [MASK].", bm25_title=False)
+        assert got and "mai" not in got and "text+title" not in plan
+        got, plan = docs("Maiduguri is a city in [MASK].")          # the default
+        assert got == {"mai"} and "fields: text+title" in plan
+        assert [h["doc_id"] for h in db.search("Maiduguri city", limit=1, title=True)] == ["mai"]
+        assert [h["doc_id"] for h in db.search("Maiduguri city", limit=1)] != ["mai"]
+        # the words after the "?" pull in the block that repeats them
+        q = "Where is Maiduguri? It is in [MASK]."
+        got = docs(q)[0]
+        assert got and "mai" not in got
+        got, plan = docs(q, bm25_question=True)
+        assert got == {"mai"} and "question only" in plan
+        with pytest.raises(npmdb.ProgrammingError, match="bm25_title must be True or False"):
+            db.fill_mask(q, bm25_title="yes")
+        with pytest.raises(npmdb.ProgrammingError, match="bm25_question"):
+            db.classify(q, {"a": ["x"]}, bm25_question=1)
+        with pytest.raises(npmdb.ProgrammingError, match="title must be True or False"):
+            db.search("x", title="yes")
+
+
+def test_sql_with_bm25_options_runs_as_fill_mask(tmp_path, tiny_encoder):
+    import npmdb
+
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:
+        db.add(TITLED)
+        q = "Where is Maiduguri? It is in [MASK]."
+        for title, question in ((True, False), (False, False), (True, True)):
+            res = db.sql(f"SELECT phrase, score FROM MASKED(?) USING bm25(blocks => 1) "
+                         f"WITH bm25_title = {title}, bm25_question = {question} LIMIT 20", [q])
+            want = db.fill_mask(q, retrieval="bm25", blocks=1, top=20, bm25_title=title,
+                                bm25_question=question)
+            assert [r[0] for r in res.rows] == [a.text for a in want]
+        plan = db.sql("EXPLAIN SELECT * FROM MASKED(?) USING bm25 WITH bm25_title = FALSE, "
+                      "bm25_question = TRUE", [q]).plan
+        assert "bm25_title=false, bm25_question=true" in plan and "question only" in plan
+        with pytest.raises(npmdb.ProgrammingError, match="bm25_title"):
+            db.sql("SELECT * FROM MASKED(?) WITH bm25_title = 3", [q])
+
+
+def test_no_query_words_drops_answers_that_copy_a_word_of_the_query(tmp_path, tiny_encoder):
+    """Answers like "capital of Moldova" for "Where is Moldova? It is in [MASK]." hold the
+    query's subject without being a run of the query's words: not_in_query keeps them,
+    no_query_words (the default) drops them; stopwords of the query do not count."""
+    import npmdb
+    from npmdb.query.text import query_content_words, words_of
+
+    assert query_content_words("Where is Moldova? It is in [MASK].") == {"moldova"}
+    corpus = [{"id": "md", "title": "Moldova", "text": "Chisinau is the capital of Moldova, "
+               "a country in Europe. Moldova borders Romania and is in Eastern Europe."}]
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:
+        db.add(corpus)
+        q = "Where is Moldova? It is in [MASK]."
+        runs_only = [a.text for a in db.fill_mask(q, retrieval="bm25", top=500,
+                                                  no_query_words=False)]
+        assert any("moldova" in words_of(t).split() for t in runs_only)    # "capital of Moldova"
+        res = db.fill_mask(q, retrieval="bm25", top=500)                     # the default
+        got = [a.text for a in res]
+        assert got == [t for t in runs_only if "moldova" not in words_of(t).split()]
+        assert "Europe" in got and "Eastern Europe" in got
+        assert "no word of the query" in res.plan
+        sql = db.sql("SELECT phrase FROM MASKED(?) USING bm25 WITH no_query_words = FALSE "
+                     "LIMIT 500", [q])
+        assert [r[0] for r in sql.rows] == runs_only
+        with pytest.raises(npmdb.ProgrammingError, match="no_query_words must be True or False"):
+            db.fill_mask(q, no_query_words="no")
+
+
+def test_calibration_runs_in_the_plan_for_sql_too(tmp_path, tiny_encoder):
+    """classify(calibrate=True) and SQL's CLASSIFY ... WITH calibrate = TRUE give the same
+    calibrated scores, the ones calibrate() computes from the two plain results; ORDER BY
+    and WHERE see the calibrated scores."""
+    import npmdb
+    from npmdb.query.calibration import calibrate
+
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:
+        db.add(CORPUS + [{"id": "r", "text": "A great film. A great cast. A terrible end."},
+                         {"id": "s", "text": "It was great. It was terrible. It was good."}])
+        labels = {"positive": ["great", "good"], "negative": ["terrible", "bad"]}
+        q = "A dull, slow film. It was [MASK]."
+        api = db.classify(q, labels, retrieval="bm25", calibrate=True)
+        by_hand = calibrate(db.classify(q, labels, retrieval="bm25"),
+                            db.classify("It was [MASK].", labels, retrieval="bm25"))
+        assert [(a.text, round(a.score, 12)) for a in api] == \
+            [(a.text, round(a.score, 12)) for a in by_hand]
+        assert api.info["calibrated"] == by_hand.info["calibrated"]
+        assert "calibrated by 'It was [MASK].'" in api.plan
+        sql = db.sql("SELECT label, score FROM CLASSIFY(?, LABELS(positive = ('great', 'good'), "
+                     "negative = ('terrible', 'bad'))) USING bm25 WITH calibrate = TRUE "
+                     "ORDER BY score ASC", [q])
+        assert [(r[0], round(r[1], 12)) for r in sql.rows] == \
+            [(a.text, round(a.score, 12)) for a in reversed(api.answers)]
+        explain = db.sql("EXPLAIN SELECT * FROM CLASSIFY(?, LABELS(p = 'great', n = 'bad')) "
+                         "WITH calibrate = TRUE", [q]).plan
+        assert "calibrate=true" in explain and "calibrated" in explain
+        with pytest.raises(npmdb.ProgrammingError, match="calibrate"):
+            db.classify(q, labels, calibrate="yes")
+        with pytest.raises(npmdb.ProgrammingError, match="calibrate"):
+            db.sql("SELECT * FROM MASKED(?) WITH calibrate = TRUE", [q])

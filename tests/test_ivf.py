@@ -273,6 +273,10 @@ def test_queries_read_columns_in_place_and_check_them(ivf_path, tmp_path):
         assert db.search('Paris', limit=3)
         with db.snapshot() as snap:
             assert all(seg._cols is None for seg in snap.segments)  # nothing copied
+            from npmdb.query import answers
+            for seg in snap.segments:  # no view of a closed snapshot's pages is kept
+                kept = answers._DERIVED_FLAGS.get(seg)
+                assert kept is None or kept.flags.owndata
             cols = snap.columns(1)
             assert not cols.tokens.flags.owndata and not cols.offsets.flags.writeable
             assert snap.columns(1) is cols  # once per snapshot

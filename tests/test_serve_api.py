@@ -76,6 +76,8 @@ def test_fill_mask_answers_with_evidence_and_plan(client, versioned_db_path):
     {"retrieval": "bm25", "max_len": 3, "tau": 0.5, "alpha": 0.5, "scoring": "raw"},
     {"retrieval": "bm25", "group_by": "document", "evidence": 1, "offset": 1},
     {"retrieval": "bm25", "clean_edges": False, "no_stopwords": True},
+    {"retrieval": "bm25", "bm25_title": False, "bm25_question": True, "not_in_query": False,
+     "no_query_words": False},
 ])
 def test_fill_mask_options(client, opts):
     r = client.post("/api/fill_mask", json={"query": Q, "top": 2, **opts})
@@ -99,6 +101,11 @@ def test_classify(client):
     assert r.status_code == 200, r.text
     labels = {a["label"] for a in r.json()["answers"]}
     assert labels == {"qatar", "other"}
+    r = client.post("/api/classify", json={"query": "A city. Doha is in [MASK].",
+                                           "retrieval": "bm25", "calibrate": True,
+                                           "labels": {"qatar": ["Qatar"], "other": "Croatia"}})
+    assert r.status_code == 200, r.text
+    assert abs(sum(a["score"] for a in r.json()["answers"]) - 1.0) < 1e-9   # probabilities
     error_of(client.post("/api/classify", json={"query": "x [MASK]", "labels": []}), 400)
     error_of(client.post("/api/classify", json={"query": "x [MASK]", "labels": {"a": 3}}), 400)
     e = error_of(client.post("/api/classify", json={"query": "x [MASK]", "labels": {"a": "b"},

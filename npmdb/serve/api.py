@@ -19,10 +19,12 @@ __all__ = ["routes", "answers_json", "context", "occurrences"]
 
 #: fill_mask options the API passes on (after the limits below are checked).
 FILL_OPTIONS = ("top", "k", "mode", "retrieval", "blocks", "max_len", "tau", "alpha", "exact",
-                "scoring", "group_by", "clean_edges", "no_stopwords", "evidence", "offset",
+                "scoring", "group_by", "clean_edges", "no_stopwords", "not_in_query",
+                "no_query_words", "bm25_title", "bm25_question", "evidence", "offset",
                 "version")
 CLASSIFY_OPTIONS = ("tau", "k", "mode", "retrieval", "blocks", "max_len", "exact",
-                    "clean_edges", "evidence", "version")
+                    "clean_edges", "bm25_title", "bm25_question", "calibrate", "evidence",
+                    "version")
 CONTEXT = 80  # characters of context either side of an occurrence
 
 

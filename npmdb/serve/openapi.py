@@ -45,6 +45,10 @@ def schema(settings: Settings) -> dict[str, Any]:
         "group_by": {"enum": ["phrase", "tokens", "document", "word"]},
         "clean_edges": {"type": "boolean"},
         "no_stopwords": {"type": "boolean"},
+        "not_in_query": {"type": "boolean", "default": True},
+        "no_query_words": {"type": "boolean", "default": True},
+        "bm25_title": {"type": "boolean", "default": True},
+        "bm25_question": {"type": "boolean", "default": False},
         "evidence": {"type": "integer", "maximum": s.max_evidence},
         "offset": {"type": "integer"},
         "version": {"type": ["integer", "string"], "description": "AS OF: id or tag"},
@@ -62,8 +66,10 @@ def schema(settings: Settings) -> dict[str, Any]:
             "query": {"type": "string", "maxLength": s.max_query},
             "labels": {"type": "object", "additionalProperties": {
                 "oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}},
+            "calibrate": {"type": "boolean", "default": False},
             **{k: v for k, v in options.items() if k not in ("top", "alpha", "scoring",
                                                              "group_by", "no_stopwords",
+                                                             "not_in_query", "no_query_words",
                                                              "offset")}}},
         "Evidence": {"type": "object", "properties": {
             "doc_id": {"type": "string"}, "title": {"type": "string"},
