@@ -116,6 +116,7 @@ def plot(out: dict, path: Path) -> str | None:
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=label)
         ax.set_xscale("log")
+        ax.set_ylim(bottom=0)
         ax.set_xlabel("corpus tokens (millions)")
         ax.set_title(title, fontsize=10)
         ax.legend(fontsize=8)

@@ -79,7 +79,8 @@ def replay(src: Path, dst: Path, tokens: int, index: str, codec: str, noise: flo
     rng = np.random.default_rng(7)
     t0 = time.perf_counter()
     with npmdb.open(src, readonly=True, progress=False) as s, \
-            npmdb.open(dst, index=index, codec=codec, progress=False) as d:
+            npmdb.open(dst, encoder=s.encoder_for(0).path, index=index, codec=codec,
+                       progress=False) as d:  # the source's encoder: its vectors, its dim
         src_tokens = int(s.stats()["tokens"])
         copies = max(1, -(-tokens // src_tokens))
         have = int(d.stats()["tokens"])
@@ -114,7 +115,9 @@ def replay(src: Path, dst: Path, tokens: int, index: str, codec: str, noise: flo
 def measure(dst: Path, data: Path, k: int, n: int) -> dict:
     qs = [r["query"] for r in load_jsonl(data / "cloze.jsonl")[:n]]
     out = subprocess.run([sys.executable, "-c", _PROBE, str(dst), json.dumps(qs), str(k)],
-                         capture_output=True, text=True, check=True)
+                         capture_output=True, text=True)
+    if out.returncode:
+        raise RuntimeError(f"the measuring process failed on {dst}:\n{out.stderr[-3000:]}")
     got = json.loads(out.stdout.strip().splitlines()[-1])
     got["latency"] = percentiles(got.pop("ms"))
     got["bytes_per_token"] = got["bytes"] / max(got["tokens"], 1)

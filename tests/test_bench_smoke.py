@@ -41,6 +41,7 @@ def test_bench_suite_smoke(tiny_data, tiny_encoder, tmp_path):
     assert {r["retrieval"] for r in steps["latency"]["latency"]} == {"dense", "bm25", "hybrid"}
     assert steps["latency"]["open_ms"]["p50"] >= 0
     assert steps["ingest"]["ratio"] > 0
+    assert steps["ingest"]["ivf"]["ratio"] > 0 and steps["ingest"]["ivf"]["index"] == "ivf"
     rows = steps["ann"]["recall"]["rows"]
     assert rows and all(0.0 <= r["recall"] <= 1.0 for r in rows)
     assert any(r["default"] for r in rows)
@@ -54,6 +55,30 @@ def test_bench_suite_smoke(tiny_data, tiny_encoder, tmp_path):
     md = (tmp_path / "results" / "BENCHMARKS.md").read_text()
     assert "## Targets" in md and "| dense | phrase | 8 |" in md
     assert "## Vector codecs" in md and "## Growth with corpus size" in md
+
+
+def test_replay_and_corpus_size_scale_step(tiny_data, tiny_encoder, tmp_path, sample_corpus):
+    """bench.replay writes copies through the segment writer; bench.corpus_size measures
+    each database in a fresh process and plots cost against size."""
+    import npmdb
+    from bench.corpus_size import plot, render, run
+    from bench.replay import replay
+
+    src = tmp_path / "src"
+    with npmdb.open(src, encoder=tiny_encoder, index="ivf", codec="int4", progress=False) as db:
+        db.add(sample_corpus[:300])
+        n = db.stats()["tokens"]
+    big = tmp_path / "big"
+    rec = replay(src, big, 3 * n, "ivf", "int4", 0.05, log=lambda m: None)
+    assert rec["copies"] == 3
+    out = run([src, big], tiny_data, k=16, queries=3, rounds=1, log=lambda m: None)
+    small_row, big_row = out["rows"]
+    assert big_row["tokens"] == 3 * small_row["tokens"] and big_row["segments"] == 3
+    assert big_row["index"] == {"ivf": 3} and big_row["p50"] > 0 and big_row["anon_mb"] > 0
+    out["name"] = "tiny"
+    out["plot"] = plot(out, tmp_path / "size.png")
+    assert (tmp_path / "size.png").exists()
+    assert "| big | " in render(out).replace("| big |", "| big | ")
 
 
 def test_report_renders_partial_results():
