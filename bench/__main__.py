@@ -20,6 +20,7 @@ Steps (each prints progress; a failing step is recorded and the run goes on):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -42,24 +43,27 @@ def log(msg: str) -> None:
 
 
 def _timed_ingest_stages(stages: dict):
-    """Wrap the ingest stage functions to time them (restored by the returned undo)."""
-    from npmdb import ingest as I
+    """Wrap the local ingest's stages to time them (restored by the returned undo):
+    prepare (tokenize, flag, cut blocks), encode (the model, vectors into the segment
+    writer's codec), finish (documents, BM25 and dense index files, LMDB)."""
+    from npmdb.ingest import local
+    from npmdb.storage.segment_writer import SegmentWriter
 
-    saved = {}
-    for name in ("prepare", "encode_and_store", "store_documents", "build_indexes"):
-        fn = getattr(I, name, None)
-        if fn is None:
-            continue
-        saved[name] = fn
+    targets = [(local, "prepare", "prepare"), (local, "encode_into", "encode"),
+               (SegmentWriter, "finish", "finish")]
+    saved = []
+    for owner, attr, label in targets:
+        fn = getattr(owner, attr)
+        saved.append((owner, attr, fn))
 
-        def wrapped(*a, __fn=fn, __name=name, **k):
+        def wrapped(*a, __fn=fn, __label=label, **k):
             t0 = time.perf_counter()
             try:
                 return __fn(*a, **k)
             finally:
-                stages[__name] = stages.get(__name, 0.0) + time.perf_counter() - t0
-        setattr(I, name, wrapped)
-    return lambda: [setattr(I, n, f) for n, f in saved.items()]
+                stages[__label] = stages.get(__label, 0.0) + time.perf_counter() - t0
+        setattr(owner, attr, wrapped)
+    return lambda: [setattr(owner, attr, fn) for owner, attr, fn in saved]
 
 
 def _usable(path: Path) -> bool:
@@ -179,7 +183,18 @@ def step_ingest(data: Path, *, docs: int, out: dict, encoder=None) -> None:
     # the large-corpus settings: an add into a trained IVF template, int4 rows; the
     # template is trained by an untimed first add of other documents
     warm = corpus[docs:docs + max(docs, 40)]
-    out["ivf"] = ivf = ingest(sample, encoder=encoder, index="ivf", codec="int4", warm=warm)
+    ivf_stages: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def timed():  # the timed add only, not the warm one
+        undo = _timed_ingest_stages(ivf_stages)
+        try:
+            yield
+        finally:
+            undo()
+    out["ivf"] = ivf = ingest(sample, encoder=encoder, index="ivf", codec="int4", warm=warm,
+                              timer=timed)
+    ivf["stages_s"] = ivf_stages
     log(f"  ivf+int4 add {ivf['add_tok_s']:.0f} tok/s, encoder alone "
         f"{ivf['encoder_tok_s']:.0f} tok/s (ratio {ivf['ratio']:.2f})")
 

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import sys
 import tempfile
@@ -45,7 +46,7 @@ def stage_breakdown(db, queries, **opts) -> dict[str, float]:
 
 
 def ingest(docs: list[dict], encoder=None, index: str = "hnsw", codec: str = "float16",
-           warm: list[dict] = ()) -> dict:
+           warm: list[dict] = (), timer=None) -> dict:
     """Tokens/s of db.add vs the encoder alone (tokenize + encode the same blocks), into
     a database of dense ``index`` and ``codec``; ``warm`` documents are added first,
     untimed (for ``ivf``: the add that trains the template, so the timed add is one into
@@ -63,7 +64,8 @@ def ingest(docs: list[dict], encoder=None, index: str = "hnsw", codec: str = "fl
                 db.add(warm)
             before = db.stats()["tokens"]
             t1 = time.perf_counter()
-            db.add(docs)
+            with timer() if timer else contextlib.nullcontext():  # e.g. stage timers
+                db.add(docs)
             t_add = time.perf_counter() - t1
             n_tokens = db.stats()["tokens"] - before
             enc = db.encoder_for(0)

@@ -87,7 +87,9 @@ def targets(res: dict) -> list[tuple[str, str, bool | None, str]]:
     if "ratio" in ivf:
         rows.append(("ingest into a trained ivf (int4) ≥ 85% of the encoder-alone speed",
                      f"{100 * ivf['ratio']:.0f}%", ivf["ratio"] >= 0.85,
-                     f"{ivf['add_tok_s']:.0f} tokens/s against {ivf['encoder_tok_s']:.0f}"))
+                     f"{ivf['add_tok_s']:.0f} tokens/s against {ivf['encoder_tok_s']:.0f}" +
+                     (f"; add, seconds per stage: {_stages(ivf['stages_s'])}"
+                      if ivf.get("stages_s") else "")))
     cod = st.get("codecs", {}).get("codecs", {})
     small = [(n, r) for n, r in cod.items() if r["bytes_per_vector"] <= r["dim"] / 4]
     if small:

@@ -42,6 +42,8 @@ def test_bench_suite_smoke(tiny_data, tiny_encoder, tmp_path):
     assert steps["latency"]["open_ms"]["p50"] >= 0
     assert steps["ingest"]["ratio"] > 0
     assert steps["ingest"]["ivf"]["ratio"] > 0 and steps["ingest"]["ivf"]["index"] == "ivf"
+    for run in (steps["ingest"], steps["ingest"]["ivf"]):  # the add's stages, timed
+        assert set(run["stages_s"]) == {"prepare", "encode", "finish"}
     rows = steps["ann"]["recall"]["rows"]
     assert rows and all(0.0 <= r["recall"] <= 1.0 for r in rows)
     assert any(r["default"] for r in rows)
