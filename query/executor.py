@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 from npmdb.errors import Error, InternalError, ProgrammingError
@@ -105,7 +105,10 @@ def run_plan(plan: Plan, state: ExecState) -> ExecState:
                 done.add(id(child))
                 child.prepare(state)  # serial: the snapshot's transaction
             futures = [_branches().submit(_timed, c, state, depth + 1) for c in together[1:]]
-            keep(_timed(together[0], state, depth + 1))
+            try:
+                keep(_timed(together[0], state, depth + 1))
+            finally:  # a sibling still running after a failure would read a closed snapshot
+                wait(futures)
             for f in futures:
                 keep(f.result())
         keep(_timed(op, state, depth))

@@ -14,6 +14,7 @@ DOCUMENTS, projection) in :mod:`npmdb.query.rows`.
 from __future__ import annotations
 
 import threading
+from concurrent.futures import wait
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, TypeVar
 
@@ -260,7 +261,8 @@ _POOL_LOCK = threading.Lock()
 
 def per_segment(fn: Callable[[int], Any], n: int) -> list:
     """``[fn(si) for si in range(n)]``, in a thread pool when there are several segments
-    (hnswlib and tantivy release the GIL); results stay in segment order."""
+    (hnswlib and tantivy release the GIL); results stay in segment order. When a task
+    raises, the others are waited for before the first error is raised."""
     global _POOL
     if n <= 1:
         return [fn(si) for si in range(n)]
@@ -271,7 +273,12 @@ def per_segment(fn: Callable[[int], Any], n: int) -> list:
 
             size = int(os.environ.get("NPMDB_SEGMENT_THREADS", "0")) or min(8, os.cpu_count() or 1)
             _POOL = ThreadPoolExecutor(size, thread_name_prefix="npmdb-seg")
-    return list(_POOL.map(fn, range(n)))
+    futures = [_POOL.submit(fn, si) for si in range(n)]
+    # every task ends before this returns or raises: a task still running after its query
+    # failed would read the snapshot's pages (zero-copy columns, vectors) after the
+    # snapshot, or the database, was closed
+    wait(futures)
+    return [f.result() for f in futures]
 
 
 def _fmt(**kw) -> str:

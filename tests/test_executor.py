@@ -74,3 +74,25 @@ def test_many_threads_querying_at_once(two_segments):
             t.join()
     assert not errors, errors
     assert all(g == want for g in got)
+
+
+def test_per_segment_waits_for_every_task_before_raising():
+    """A task still running after its query failed would read the snapshot's zero-copy
+    pages after the snapshot (or the database) was closed: a failure is raised only once
+    every task of the call has ended."""
+    import time
+
+    from npmdb.query.operators import per_segment
+
+    ended = []
+
+    def fn(si):
+        if si == 0:
+            raise ValueError("segment 0 failed")
+        time.sleep(0.3)
+        ended.append(si)
+        return si
+
+    with pytest.raises(ValueError, match="segment 0 failed"):
+        per_segment(fn, 2)
+    assert ended == [1]
