@@ -258,7 +258,7 @@ class Database:
                 # Transaction object is freed; a Snapshot left in a reference cycle (query
                 # state) would hold it until the next garbage collection, and under load
                 # the 256 slots run out (MDB_READERS_FULL). A closed snapshot lets go.
-                snap.txn = None
+                snap.close()  # the transaction, and the views of its pages
                 del txn
 
     @contextmanager

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from npmdb.errors import OperationalError
 from npmdb.storage.segments import SegmentColumns, SegmentReader, StoredDoc
 from npmdb.storage import versions as V
 from npmdb.storage.versions import Manifest
@@ -63,8 +64,17 @@ class Snapshot:
             with self._columns_lock:
                 cols = self._columns.get(si)
                 if cols is None:
+                    if self.txn is None:
+                        raise OperationalError("this snapshot is closed: its columns were "
+                                               "views of its transaction's pages")
                     cols = self._columns[si] = self.segments[si].column_views(self.txn)
         return cols
+
+    def close(self) -> None:
+        """Let go of the transaction and of every view of its pages."""
+        with self._columns_lock:
+            self._columns.clear()
+        self.txn = None
 
     def dense(self, si: int, side: str):
         """Segment ``si``'s dense index of ``side`` for this snapshot's generation."""

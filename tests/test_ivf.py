@@ -282,6 +282,8 @@ def test_queries_read_columns_in_place_and_check_them(ivf_path, tmp_path):
             assert snap.columns(1) is cols  # once per snapshot
             assert (cols.doc_of(np.arange(cols.n_tokens)) ==
                     np.repeat(cols.block_doc, np.diff(cols.block_ptr))).all()
+        with pytest.raises(npmdb.OperationalError, match="snapshot is closed"):
+            snap.columns(0)  # its views died with its transaction
     dst = tmp_path / "db"
     shutil.copytree(ivf_path, dst)
     with npmdb.open(dst, progress=False) as db:
