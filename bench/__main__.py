@@ -42,10 +42,11 @@ def log(msg: str) -> None:
     print(f"[{int(m):3d}:{s:04.1f}] {msg}", file=sys.stderr, flush=True)
 
 
+@contextlib.contextmanager
 def _timed_ingest_stages(stages: dict):
-    """Wrap the local ingest's stages to time them (restored by the returned undo):
-    prepare (tokenize, flag, cut blocks), encode (the model, vectors into the segment
-    writer's codec), finish (documents, BM25 and dense index files, LMDB)."""
+    """Time the local ingest's stages while the block runs: prepare (tokenize, flag, cut
+    blocks), encode (the model, vectors into the segment writer's codec), finish
+    (documents, BM25 and dense index files, LMDB)."""
     from npmdb.ingest import local
     from npmdb.storage.segment_writer import SegmentWriter
 
@@ -63,7 +64,11 @@ def _timed_ingest_stages(stages: dict):
             finally:
                 stages[__label] = stages.get(__label, 0.0) + time.perf_counter() - t0
         setattr(owner, attr, wrapped)
-    return lambda: [setattr(owner, attr, fn) for owner, attr, fn in saved]
+    try:
+        yield stages
+    finally:
+        for owner, attr, fn in saved:
+            setattr(owner, attr, fn)
 
 
 def _usable(path: Path) -> bool:
@@ -97,12 +102,9 @@ def ensure_main_db(data: Path, work: Path, info: dict | None = None, encoder=Non
     stages: dict = {}
     with npmdb.open(path, encoder=encoder, progress=sys.stderr.isatty()) as db:
         db.encoder_for(0)
-        undo = _timed_ingest_stages(stages)
         t0 = time.perf_counter()
-        try:
+        with _timed_ingest_stages(stages):
             db.add(docs)
-        finally:
-            undo()
         secs = time.perf_counter() - t0
         tokens = int(db.stats()["tokens"])
     log(f"  {tokens} tokens in {secs:.0f} s ({tokens / secs:.0f} tok/s); stages: "
@@ -171,29 +173,17 @@ def step_ingest(data: Path, *, docs: int, out: dict, encoder=None) -> None:
 
     corpus = load_jsonl(data / "corpus.jsonl.gz")
     sample = corpus[:docs]
-    stages: dict[str, float] = {}
-    undo = _timed_ingest_stages(stages)
-    try:
-        out.update(ingest(sample, encoder=encoder))
-    finally:
-        undo()
-    out["stages_s"] = stages  # db.add's stages (the encoder-alone pass is not wrapped)
+    stages: dict[str, float] = {}  # db.add's stages
+    out.update(ingest(sample, encoder=encoder, timer=lambda: _timed_ingest_stages(stages)))
+    out["stages_s"] = stages
     log(f"  add {out['add_tok_s']:.0f} tok/s, encoder alone {out['encoder_tok_s']:.0f} tok/s "
         f"(ratio {out['ratio']:.2f}) on {out['tokens']} tokens")
     # the large-corpus settings: an add into a trained IVF template, int4 rows; the
     # template is trained by an untimed first add of other documents
     warm = corpus[docs:docs + max(docs, 40)]
-    ivf_stages: dict[str, float] = {}
-
-    @contextlib.contextmanager
-    def timed():  # the timed add only, not the warm one
-        undo = _timed_ingest_stages(ivf_stages)
-        try:
-            yield
-        finally:
-            undo()
+    ivf_stages: dict[str, float] = {}  # the timed add only, not the warm one
     out["ivf"] = ivf = ingest(sample, encoder=encoder, index="ivf", codec="int4", warm=warm,
-                              timer=timed)
+                              timer=lambda: _timed_ingest_stages(ivf_stages))
     ivf["stages_s"] = ivf_stages
     log(f"  ivf+int4 add {ivf['add_tok_s']:.0f} tok/s, encoder alone "
         f"{ivf['encoder_tok_s']:.0f} tok/s (ratio {ivf['ratio']:.2f})")

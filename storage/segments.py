@@ -124,21 +124,10 @@ class SegmentReader:
         return self._cols
 
     def _load_columns(self, txn) -> SegmentColumns:
-        def load(t):
-            arrs = {}
-            for name in COLUMNS:
-                raw = t.get(F.col_key(self.seg, name), db=self.env.dbs["segcols"])
-                if raw is None:
-                    raise OperationalError(f"segment {self.seg} is missing its {name!r} column")
-                arrs[name] = F.unpack_array(raw, verify=True, what=f"segment {self.seg} {name}").copy()
-            return arrs
         if txn is None:
             with self.env.read() as t:
-                arrs = load(t)
-        else:
-            arrs = load(txn)
-        self._cols_checked = True
-        return SegmentColumns(**arrs)
+                return self._read_columns(t, copy=True)
+        return self._read_columns(txn, copy=True)
 
     def column_views(self, txn) -> SegmentColumns:
         """The columns as zero-copy views of ``txn``'s pages (a ``buffers=True`` read
@@ -148,13 +137,19 @@ class SegmentReader:
         them."""
         if self._cols is not None:
             return self._cols
+        return self._read_columns(txn, copy=False)
+
+    def _read_columns(self, txn, *, copy: bool) -> SegmentColumns:
+        """Every column from ``txn`` (copied, or views of its pages), CRC-checked on this
+        process's first read."""
         check = not self._cols_checked
         arrs = {}
         for name in COLUMNS:
             raw = txn.get(F.col_key(self.seg, name), db=self.env.dbs["segcols"])
             if raw is None:
                 raise OperationalError(f"segment {self.seg} is missing its {name!r} column")
-            arrs[name] = F.unpack_array(raw, verify=check, what=f"segment {self.seg} {name}")
+            arr = F.unpack_array(raw, verify=check, what=f"segment {self.seg} {name}")
+            arrs[name] = arr.copy() if copy else arr
         self._cols_checked = True
         return SegmentColumns(**arrs)
 
