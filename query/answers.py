@@ -27,7 +27,9 @@ from .text import fold, fold_view, snippet_bounds
 
 __all__ = [
     "AssembleSpans", "ScoreSpans", "ScoreTokens", "Aggregate", "ClassifyLabels",
-    "FilterAnswers", "OrderBy", "Limit", "AttachEvidence", "Surfaces", "snippet", "surface",
+    "FilterAnswers", "OrderBy", "Limit", "AttachEvidence", "Surfaces", "Located", "locate",
+    "locate_in", "snippet", "surface", "span_sims", "token_sims", "scores_from_sims",
+    "widen_to_words",
 ]
 
 # -- phrase assembly and scoring ------------------------------------------------------------
@@ -140,13 +142,47 @@ class ScoreSpans(Operator):
         return _fmt(tau=self.tau, scoring=self.scoring)
 
     def run(self, st: ExecState) -> Occurrences:
-        sp = st.input(self, Occurrences)
-        (inv_s, sims_s), (inv_e, sims_e) = _exact_sims(st.snapshot, sp.seg, [sp.s, sp.e],
-                                                       [sp.qv.start, sp.qv.end])
+        sp, ((inv_s, sims_s), (inv_e, sims_e)) = span_sims(st.snapshot,
+                                                           st.input(self, Occurrences))
         score, _, _ = S.span_scores(inv_s, inv_e, sims_s, sims_e, tau=self.tau,
                                     scoring=self.scoring)
         st.info["unique_starts"], st.info["unique_ends"] = len(sims_s), len(sims_e)
-        return replace(sp, sim_s=sims_s[inv_s], sim_e=sims_e[inv_e], score=score)
+        return replace(sp, score=score)
+
+
+def scores_from_sims(occ: Occurrences, tau: float, scoring: str) -> tuple[np.ndarray, int, int]:
+    """:class:`ScoreSpans`' scores from each occurrence's similarities (gathered from
+    shards): the unique starts and ends in (segment, position) order, as one process
+    finds them, then NPM's span score. Returns the scores and the unique counts."""
+    key_s = occ.seg * (1 << 40) + occ.s
+    key_e = occ.seg * (1 << 40) + occ.e
+    us, first_s, inv_s = np.unique(key_s, return_index=True, return_inverse=True)
+    ue, first_e, inv_e = np.unique(key_e, return_index=True, return_inverse=True)
+    score, _, _ = S.span_scores(inv_s, inv_e, occ.sim_s[first_s], occ.sim_e[first_e],
+                                tau=tau, scoring=scoring)
+    return score, len(us), len(ue)
+
+
+def span_sims(snap: Any, sp: Occurrences) -> tuple[Occurrences, tuple]:
+    """``sp`` with each occurrence's exact start and end similarities, and the unique
+    sets they came from (``(inv_s, sims_s), (inv_e, sims_e)``)."""
+    (inv_s, sims_s), (inv_e, sims_e) = found = _exact_sims(snap, sp.seg, [sp.s, sp.e],
+                                                           [sp.qv.start, sp.qv.end])
+    return replace(sp, sim_s=sims_s[inv_s], sim_e=sims_e[inv_e]), found
+
+
+def token_sims(snap: Any, found: list[Candidates]) -> Occurrences:
+    """Token mode: every candidate token (in segment order) with its exact similarity."""
+    qv = Candidates.query_vectors(found)
+    segs, poss = [], []
+    for si, p in sorted(Candidates.union(found, "token").items()):
+        segs.append(np.full(len(p), si, np.int64))
+        poss.append(p)
+    if not segs:
+        return Occurrences(_empty(np.int64), _empty(np.int64), _empty(np.int64), qv)
+    seg, s = np.concatenate(segs), np.concatenate(poss)
+    ((inv, sims),) = _exact_sims(snap, seg, [s], [qv.token])
+    return Occurrences(seg, s, s.copy(), qv, sim_s=sims[inv])
 
 
 @dataclass(frozen=True)
@@ -160,18 +196,8 @@ class ScoreTokens(Operator):
         return _fmt(tau=self.tau)
 
     def run(self, st: ExecState) -> Occurrences:
-        found = st.inputs(self, Candidates)
-        qv = Candidates.query_vectors(found)
-        segs, poss = [], []
-        for si, p in sorted(Candidates.union(found, "token").items()):
-            segs.append(np.full(len(p), si, np.int64))
-            poss.append(p)
-        if not segs:
-            return Occurrences(_empty(np.int64), _empty(np.int64), _empty(np.int64), qv)
-        seg, s = np.concatenate(segs), np.concatenate(poss)
-        ((inv, sims),) = _exact_sims(st.snapshot, seg, [s], [qv.token])
-        sim = sims[inv]
-        return Occurrences(seg, s, s.copy(), qv, sim_s=sim, score=S.softmax(sim, self.tau))
+        occ = token_sims(st.snapshot, st.inputs(self, Candidates))
+        return replace(occ, score=S.softmax(occ.sim_s, self.tau))
 
 
 # -- aggregation ----------------------------------------------------------------------------
@@ -185,11 +211,56 @@ def surface(snap: Any, si: int, s: int, e: int) -> tuple[str, Any]:
     return doc.text[cols.offsets[s, 0]:cols.offsets[e, 1]], doc
 
 
+@dataclass(frozen=True)
+class Located:
+    """Where an occurrence is: its text, its document and its character offsets."""
+
+    text: str
+    doc: Any  # StoredDoc: id, title, text, meta
+    start: int
+    end: int
+
+
+def locate_in(snap: Any, items: list[tuple[int, int, int]]) -> list[Located]:
+    """:class:`Located` of each ``(segment, first token, last token)`` in ``snap``."""
+    out = []
+    for si, s, e in items:
+        cols = snap.columns(si)
+        text, doc = surface(snap, si, s, e)
+        out.append(Located(text, doc, int(cols.offsets[s, 0]), int(cols.offsets[e, 1])))
+    return out
+
+
+def locate(st: ExecState, occ: Occurrences, idx: list[int]) -> list[Located]:
+    """Occurrences ``idx`` of ``occ``, located by whoever holds them: this process's
+    snapshot, or the shards that own their segments."""
+    if occ.surfaces is not None:
+        return occ.surfaces.locate(idx)
+    return locate_in(st.snapshot, [(int(occ.seg[i]), int(occ.s[i]), int(occ.e[i]))
+                                   for i in idx])
+
+
+def surfaces_of(st: ExecState, occ: Occurrences) -> "Surfaces":
+    """The surface texts of ``occ``: the shards' (gathered with them) or the snapshot's."""
+    return occ.surfaces if occ.surfaces is not None else Surfaces(st.snapshot, occ.seg,
+                                                                   occ.s, occ.e)
+
+
+def widen_to_words(snap: Any, occ: Occurrences) -> Occurrences:
+    """Token occurrences widened to the whole words they are part of."""
+    ws, we = occ.s.copy(), occ.e.copy()
+    for i in range(len(ws)):
+        cols = snap.columns(int(occ.seg[i]))
+        ws[i], we[i] = _word_bounds(cols, int(ws[i]), int(we[i]))
+    return replace(occ, s=ws, e=we)
+
+
 class Surfaces:
     """The surface texts of many occurrences, computed on demand: ``keys()`` gives every
     occurrence's folded text (the grouping key) and ``text(i)`` one occurrence's text."""
 
     def __init__(self, snap: Any, seg: np.ndarray, s: np.ndarray, e: np.ndarray) -> None:
+        self.snap, self.seg, self.s, self.e = snap, seg, s, e
         self.n = len(s)
         self.docs = np.zeros(self.n, dtype=np.int64)
         self._parts = []  # (rows, doc numbers, starts, ends, {doc: (text, folded)})
@@ -216,6 +287,19 @@ class Surfaces:
             for r, k in zip(rows.tolist(), keys):
                 out[r] = k
         return out
+
+    def group_keys(self, group_by: str) -> list:
+        """Every occurrence's grouping key: its folded text ('phrase', 'word'), its token
+        ids ('tokens') or its (segment, document) ('document')."""
+        if group_by in ("phrase", "word"):
+            return self.keys()
+        if group_by == "tokens":
+            return [tuple(self.snap.columns(si).tokens[s:e + 1].tolist()) for si, s, e in
+                    zip(self.seg.tolist(), self.s.tolist(), self.e.tolist())]
+        return list(zip(self.seg.tolist(), self.docs.tolist()))
+
+    def doc_id(self, si: int, local: int) -> str:
+        return self.snap.doc(si, local).id
 
     def text(self, i: int) -> str:
         return self.texts([i])[0]
@@ -299,30 +383,15 @@ class Aggregate(Operator):
 
     def run(self, st: ExecState) -> Answers:
         occ = st.input(self, Occurrences)
-        snap = st.snapshot
-        if self.group_by == "word":  # occurrences widen to whole words
-            ws, we = occ.s.copy(), occ.e.copy()
-            for i in range(len(ws)):
-                cols = snap.columns(int(occ.seg[i]))
-                ws[i], we[i] = _word_bounds(cols, int(ws[i]), int(we[i]))
-            occ = replace(occ, s=ws, e=we)
-        sf = Surfaces(snap, occ.seg, occ.s, occ.e)
-        docs = sf.docs
-        n_tokens = occ.e - occ.s + 1
-        if self.group_by in ("phrase", "word"):
-            keys = sf.keys()
-        elif self.group_by == "tokens":
-            keys = []
-            for si, s, e in zip(occ.seg.tolist(), occ.s.tolist(), occ.e.tolist()):
-                keys.append(tuple(snap.columns(si).tokens[s:e + 1].tolist()))
-        else:  # document
-            keys = list(zip(occ.seg.tolist(), docs.tolist()))
-        groups = _make_groups(keys, sf.texts, np.asarray(occ.score, np.float64), n_tokens,
-                              alpha=self.alpha, top_n=self.top_n)
+        if self.group_by == "word" and occ.surfaces is None:  # shards widen their own
+            occ = widen_to_words(st.snapshot, occ)
+        sf = surfaces_of(st, occ)
+        keys = sf.group_keys(self.group_by)
+        groups = _make_groups(keys, sf.texts, np.asarray(occ.score, np.float64),
+                              occ.e - occ.s + 1, alpha=self.alpha, top_n=self.top_n)
         if self.group_by == "document":
             for g in groups:
-                si, local = g.key
-                g.text = snap.doc(si, local).id
+                g.text = sf.doc_id(*g.key)
         st.info["answers"] = len(set(keys))
         return Answers(groups, occ, st.info["answers"])
 
@@ -356,7 +425,7 @@ class ClassifyLabels(Operator):
                 word_to_labels.setdefault(fold(w), []).append(label)
         logits = S.label_logits(occ.sim_s, occ.sim_e if self.mode == "phrase" else None,
                                 self.tau)
-        keys = Surfaces(st.snapshot, occ.seg, occ.s, occ.e).keys()
+        keys = surfaces_of(st, occ).keys()
         members: dict[str, list[int]] = {l: [] for l, _ in self.labels}
         for i, t in enumerate(keys):
             for label in word_to_labels.get(t, ()):
@@ -463,23 +532,22 @@ class AttachEvidence(Operator):
         from .result import Evidence
 
         ans = st.input(self, Answers)
-        occ, snap = ans.occ, st.snapshot
-        count = 0
-        groups = []
+        occ = ans.occ
+        chosen = []  # per answer, its best n occurrences and their weights
         for g in ans.groups:
-            w = g.weights if g.weights is not None else occ.score
-            idx = g.idx[np.argsort(-np.asarray(w)[g.idx], kind="stable")][: self.n]
+            w = np.asarray(g.weights if g.weights is not None else occ.score)
+            idx = g.idx[np.argsort(-w[g.idx], kind="stable")][: self.n].tolist()
+            chosen.append((idx, w))
+        found = iter(locate(st, occ, [i for idx, _ in chosen for i in idx]))
+        groups = []
+        for g, (idx, w) in zip(ans.groups, chosen):
             evidence = []
-            for i in idx.tolist():
-                si, s, e = int(occ.seg[i]), int(occ.s[i]), int(occ.e[i])
-                cols = snap.columns(si)
-                _, doc = surface(snap, si, s, e)
-                a, b = int(cols.offsets[s, 0]), int(cols.offsets[e, 1])
-                evidence.append(Evidence(doc.id, doc.title, "text", a, b, snippet(doc.text, a, b),
-                                         float(w[i])))
-            count += len(evidence)
+            for i in idx:
+                at = next(found)
+                evidence.append(Evidence(at.doc.id, at.doc.title, "text", at.start, at.end,
+                                         snippet(at.doc.text, at.start, at.end), float(w[i])))
             groups.append(replace(g, evidence=evidence))
-        return replace(ans, groups=groups, count=count)
+        return replace(ans, groups=groups, count=sum(len(i) for i, _ in chosen))
 
 
 def snippet(text: str, a: int, b: int, width: int = 80) -> str:

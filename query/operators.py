@@ -114,6 +114,8 @@ class BlockHits(Output):
     """Retrieved blocks, best first: (segment index, block, BM25 score)."""
 
     hits: tuple[tuple[int, int, float], ...]
+    # rows of these blocks when the snapshot does not hold them (the shards that do)
+    rows_of: Any = field(default=None, compare=False, repr=False)
 
     @property
     def count(self) -> int:  # type: ignore[override]
@@ -137,6 +139,9 @@ class Occurrences(Output):
     sim_s: np.ndarray = field(default_factory=_empty)
     sim_e: np.ndarray = field(default_factory=_empty)
     score: np.ndarray = field(default_factory=_empty)
+    # where their texts come from when not from this process's snapshot: the shards that
+    # own them (:class:`npmdb.query.exchange.ShardSurfaces`); None: the snapshot
+    surfaces: Any = field(default=None, compare=False, repr=False)
 
     @property
     def count(self) -> int:  # type: ignore[override]
@@ -328,19 +333,34 @@ def _merge_topk(side: str, found: list[tuple[int, np.ndarray, np.ndarray]],
 
 
 def _top_candidates(found: list[tuple[int, np.ndarray, np.ndarray]], n: int
-                    ) -> dict[int, np.ndarray]:
-    """The best ``n`` distinct (segment, position) pairs of ``found`` by score, as positions
-    per segment. Approximate scores of different segments are comparable: every segment
-    of an embedding generation is coded with the same trained template."""
+                    ) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    """The best ``n`` distinct (segment, position) pairs of ``found`` by score, as
+    ``(segment, positions, scores)`` per segment, segments in order and positions best
+    first. Approximate scores of different segments are comparable: every segment of an
+    embedding generation is coded with the same trained template. The best ``n`` of a
+    subset of the segments (a shard's) hold every pair of the best ``n`` of all of them
+    that lies in the subset."""
+    if not found:
+        return []
     segs = np.concatenate([np.full(len(p), si, np.int64) for si, p, _ in found])
     key = segs * (1 << 40) + np.concatenate([p for _, p, _ in found])
     sc = np.concatenate([s for _, _, s in found])
     order = np.argsort(-sc, kind="stable")
-    key = key[order]
+    key, sc = key[order], sc[order]
     _, first = np.unique(key, return_index=True)  # a token found from both sides once
-    key = key[np.sort(first)[:n]]
+    kept = np.sort(first)[:n]
+    key, sc = key[kept], sc[kept]
     segs, pos = key >> 40, key & ((1 << 40) - 1)
-    return {int(si): pos[segs == si] for si in np.unique(segs)}
+    return [(int(si), pos[segs == si], sc[segs == si]) for si in np.unique(segs)]
+
+
+def _split_found(found: list[tuple[int, np.ndarray, np.ndarray, int]]
+                 ) -> tuple[list, list, int]:
+    """A dense search's per-segment results split into those with exact scores and those
+    with approximate ones (compressed codes), and the approximate ones' re-rank factor."""
+    exact = [(si, p, s) for si, p, s, refine in found if not refine]
+    approx = [(si, p, s) for si, p, s, refine in found if refine]
+    return exact, approx, max((r for *_, r in found), default=0)
 
 
 @dataclass(frozen=True)
@@ -373,9 +393,21 @@ class DenseTopK(Operator):
         st.prepared[id(self)] = allowed
 
     def run(self, st: ExecState) -> Candidates:
-        snap = st.snapshot
         qv = st.input(self, QueryVectors)
         q = qv.side(self.side)
+        exact, approx, refine = _split_found(self.search(st, q))
+        if approx:  # re-score the global best refine * k, not refine * k per segment
+            exact += self._rescore(st, q, _top_candidates(approx, self.k * refine))
+        return replace(_merge_topk(self.side, exact, self.k, qv), index=self.kinds(st))
+
+    def kinds(self, st: ExecState) -> str:
+        return ", ".join(sorted({seg.record.dense for seg in st.snapshot.segments}))
+
+    def search(self, st: ExecState, q: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray, int]]:
+        """Every segment's ANN search: ``(segment, positions, scores, refine)``, in segment
+        order and, within a segment, side order; ``refine`` is 0 where the scores are exact
+        and the index's re-rank factor where they are approximate."""
+        snap = st.snapshot
         sides = ("start", "end") if self.side == "token" else (self.side,)
         if id(self) not in st.prepared:
             self.prepare(st)
@@ -400,28 +432,22 @@ class DenseTopK(Operator):
                 out.append((si, labels, scores, refine if approximate else 0))
             return out
 
-        found = [f for part in per_segment(one, len(snap.segments)) for f in part]
-        exact = [(si, p, s) for si, p, s, refine in found if not refine]
-        approx = [(si, p, s) for si, p, s, refine in found if refine]
-        if approx:  # re-score the global best refine * k, not refine * k per segment
-            refine = max(r for *_, r in found)
-            exact += self._rescore(st, q, _top_candidates(approx, self.k * refine))
-        kinds = sorted({seg.record.dense for seg in snap.segments})
-        return replace(_merge_topk(self.side, exact, self.k, qv), index=", ".join(kinds))
+        return [f for part in per_segment(one, len(snap.segments)) for f in part]
 
     @staticmethod
-    def _rescore(st: ExecState, q: np.ndarray, cands: dict[int, np.ndarray]) -> list:
-        """Exact scores of approximate candidates (positions per segment), from the stored
-        vectors; segments side by side."""
-        snap, todo = st.snapshot, sorted(cands)
+    def _rescore(st: ExecState, q: np.ndarray, cands: list[tuple[int, np.ndarray, Any]]
+                 ) -> list:
+        """Exact scores of approximate candidates (``(segment, positions, _)``), from the
+        stored vectors; segments side by side."""
+        snap = st.snapshot
         q32 = np.asarray(q, np.float32)
 
         def one(i: int) -> tuple:
-            si = todo[i]
+            si, pos, _ = cands[i]
             with st.txn_lock:  # the snapshot's transaction: one thread at a time
-                vecs = snap.segments[si].vectors(snap.txn, snap.generation, cands[si])
-            return si, cands[si], (vecs @ q32).astype(np.float32)
-        return per_segment(one, len(todo))
+                vecs = snap.segments[si].vectors(snap.txn, snap.generation, pos)
+            return si, pos, (vecs @ q32).astype(np.float32)
+        return per_segment(one, len(cands))
 
 
 @dataclass(frozen=True)
@@ -440,9 +466,12 @@ class ExactTopK(Operator):
             f", docs: {self.docs} (masked)" if self.docs else "")
 
     def run(self, st: ExecState) -> Candidates:
-        snap = st.snapshot
         qv = st.input(self, QueryVectors)
-        q = qv.side(self.side)
+        return _merge_topk(self.side, self.search(st, qv.side(self.side)), self.k, qv)
+
+    def search(self, st: ExecState, q: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """Each segment's top ``k``: ``(segment, positions, scores)``, in segment order."""
+        snap = st.snapshot
         found = []
         for si, seg in enumerate(snap.segments):
             cols = snap.columns(si)
@@ -452,7 +481,7 @@ class ExactTopK(Operator):
                 mask &= allowed[cols.doc_of(np.arange(cols.n_tokens))]
             pos, sc = seg.scan(snap.txn, snap.generation, q, mask, self.k)
             found.append((si, pos, sc))
-        return _merge_topk(self.side, found, self.k, qv)
+        return found
 
 
 @dataclass(frozen=True)
@@ -470,13 +499,31 @@ class BM25Blocks(Operator):
                 + (", question only" if self.question else "")
                 + (f", docs: {self.docs}" if self.docs else ""))
 
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return ("text", "title") if self.title else ("text",)
+
+    def terms(self, text: str) -> list[str]:
+        return list(dict.fromkeys(analyze(bm25_text(text, question=self.question))))
+
     def run(self, st: ExecState) -> BlockHits:
         snap = st.snapshot
-        terms = list(dict.fromkeys(analyze(bm25_text(st.text, question=self.question))))
-        fields = ("text", "title") if self.title else ("text",)
+        terms = self.terms(st.text)
         # one segment: tantivy's own statistics; several: global IDFs, as one big index
-        idf = {f: global_idf([s.bm25() for s in snap.segments], terms, f) for f in fields} \
-            if len(snap.segments) > 1 else None
+        idf = {f: global_idf([s.bm25() for s in snap.segments], terms, f)
+               for f in self.fields} if len(snap.segments) > 1 else None
+        return self.best(self.search(st, terms, idf))
+
+    def best(self, hits: list[tuple[int, int, float]]) -> BlockHits:
+        """The top ``n`` of every segment's hits: by score, then segment and block."""
+        hits = sorted(hits, key=lambda h: (-h[2], h[0], h[1]))
+        return BlockHits(tuple(hits[: self.n]))
+
+    def search(self, st: ExecState, terms: list[str], idf: dict | None
+               ) -> list[tuple[int, int, float]]:
+        """Each segment's top ``n`` blocks, ``(segment, block, score)``; ``idf``: the IDF
+        of each term per field over every segment of the version (None: the segment's own)."""
+        snap = st.snapshot
         allowed = [snap.allowed_docs(si) for si in range(len(snap.segments))]
         limits = [min(self.n, seg.record.blocks)  # tantivy panics on
                   for seg in snap.segments]                            # huge limits
@@ -487,11 +534,9 @@ class BM25Blocks(Operator):
                 return []
             return [(si, block, score) for block, _doc, score in
                     snap.segments[si].bm25().search(terms, limits[si], docs=docs, idf=idf,
-                                                    fields=fields)]
+                                                    fields=self.fields)]
 
-        hits = [h for part in per_segment(one, len(snap.segments)) for h in part]
-        hits.sort(key=lambda h: (-h[2], h[0], h[1]))
-        return BlockHits(tuple(hits[: self.n]))
+        return [h for part in per_segment(one, len(snap.segments)) for h in part]
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,11 @@ import numpy as np
 
 from npmdb.errors import ProgrammingError
 
-from .answers import snippet, surface
+from .answers import locate, snippet
 from .operators import Answers, BlockHits, ExecState, Operator, Projection, Rows, _fmt
 
 __all__ = ["EvidenceRows", "BlockRows", "ScanDocuments", "FilterRows", "OrderRows", "LimitRows",
-           "Project"]
+           "Project", "block_rows"]
 
 # Rows are dicts keyed by column: plain names ("score", "snippet") and, for the document a
 # row comes from, "doc.id", "doc.title", "doc.text", "doc.meta".
@@ -45,21 +45,24 @@ class EvidenceRows(Operator):
         snap = st.snapshot
         ans = st.input(self, Answers)
         occ = ans.occ
-        rows: list[dict] = []
+        chosen = []  # (rank, answer, its occurrences best first, their weights)
         for rank, g in enumerate(ans.groups, start=self.offset + 1):
             w = np.asarray(g.weights if g.weights is not None else occ.score)
             idx = g.idx[np.argsort(-w[g.idx], kind="stable")]
             if self.per_answer:
                 idx = idx[: self.per_answer]
-            for i in idx.tolist():
-                si, s, e = int(occ.seg[i]), int(occ.s[i]), int(occ.e[i])
-                cols = snap.columns(si)
-                text, doc = surface(snap, si, s, e)
-                a, b = int(cols.offsets[s, 0]), int(cols.offsets[e, 1])
-                rows.append({"phrase": g.text, "text": text, "support": g.support, "rank": rank,
-                             "answer_score": float(g.score), "score": float(w[i]),
+            chosen.append((rank, g, idx.tolist(), w))
+        found = iter(locate(st, occ, [i for *_, idx, _ in chosen for i in idx]))
+        rows: list[dict] = []
+        for rank, g, idx, w in chosen:
+            for i in idx:
+                at = next(found)
+                a, b, doc = at.start, at.end, at.doc
+                rows.append({"phrase": g.text, "text": at.text, "support": g.support,
+                             "rank": rank, "answer_score": float(g.score), "score": float(w[i]),
                              "start": a, "end": b, "snippet": snippet(doc.text, a, b),
-                             "tokens": e - s + 1, "length": len(text.split()),
+                             "tokens": int(occ.e[i] - occ.s[i]) + 1,
+                             "length": len(at.text.split()),
                              "version": snap.manifest.id, "generation": snap.generation,
                              **_doc_columns(doc)})
         return Rows(rows)
@@ -75,17 +78,27 @@ class BlockRows(Operator):
     def run(self, st: ExecState) -> Rows:
         snap = st.snapshot
         rows: list[dict] = []
-        hits = [h for out in st.inputs(self, BlockHits) for h in out.hits]
-        for si, block, score in hits:
-            cols = snap.columns(si)
-            doc = snap.doc(si, int(cols.block_doc[block]))
-            a = int(cols.offsets[cols.block_ptr[block], 0])
-            b = int(cols.offsets[cols.block_ptr[block + 1] - 1, 1])
-            rows.append({"block": int(block), "score": float(score), "start": a, "end": b,
-                         "text": doc.text[a:b], "snippet": snippet(doc.text, a, b, 0)[:300],
-                         "version": snap.manifest.id, "generation": snap.generation,
-                         **_doc_columns(doc)})
+        for out in st.inputs(self, BlockHits):
+            found = out.rows_of(out.hits) if out.rows_of is not None else \
+                block_rows(snap, out.hits)
+            rows += [{**r, "version": snap.manifest.id, "generation": snap.generation}
+                     for r in found]
         return Rows(rows)
+
+
+def block_rows(snap: Any, hits: Any) -> list[dict]:
+    """One row per ``(segment, block, score)`` hit: the block's text, snippet and document
+    (the columns a SEARCH row has, less the version's)."""
+    rows = []
+    for si, block, score in hits:
+        cols = snap.columns(si)
+        doc = snap.doc(si, int(cols.block_doc[block]))
+        a = int(cols.offsets[cols.block_ptr[block], 0])
+        b = int(cols.offsets[cols.block_ptr[block + 1] - 1, 1])
+        rows.append({"block": int(block), "score": float(score), "start": a, "end": b,
+                     "text": doc.text[a:b], "snippet": snippet(doc.text, a, b, 0)[:300],
+                     **_doc_columns(doc)})
+    return rows
 
 
 @dataclass(frozen=True)
