@@ -268,6 +268,11 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--write", action="store_true",
                     help="add the add/delete/tag endpoints (behind the token)")
     sv.add_argument("--time-limit", type=float, default=30.0, help="seconds per request")
+    sv.add_argument("--shards", type=int, default=None,
+                    help="spread each query's segments over N shards (read-only)")
+    sv.add_argument("--ray", action="store_true",
+                    help="with --shards: the shards are Ray actors (RAY_ADDRESS picks the "
+                         "cluster); without it they run in this process")
     sv.set_defaults(fn=cmd_serve)
 
     se = sub.add_parser("search", help="BM25 search over blocks")

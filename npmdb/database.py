@@ -63,6 +63,10 @@ def open(path: str | os.PathLike, *, encoder: str | os.PathLike | None = None,
     recorded per segment; an existing database converts with ``db.optimize(index=...,
     codec=...)``. Other options: ``timeout`` (seconds to wait
     for the writer lock), ``progress`` (show progress bars), ``device``.
+
+    Sharded search: ``npmdb.open(path, readonly=True, engine="ray", shards=N)`` spreads
+    the segments of the version each query reads over N Ray actors and merges their
+    answers exactly (``engine="local"``: N shards in this process); see docs/SCALE.md.
     """
     return Database(path, encoder=encoder, create=create, readonly=readonly, **options)
 
@@ -75,8 +79,12 @@ class Database:
                  codec: str = C.AUTO, dense: str = AUTO, index: str | None = None,
                  timeout: float = 0.0,
                  progress: bool | None = None, device: str | None = None,
-                 dense_params: DenseParams | None = None) -> None:
+                 dense_params: DenseParams | None = None, engine: str | None = None,
+                 shards: int | None = None) -> None:
         self.path = Path(path).expanduser().resolve()
+        self._shards = None
+        if engine is not None or shards is not None:
+            _check_sharding(engine, shards, readonly)
         self.readonly = readonly
         self.timeout = timeout
         self.progress = progress
@@ -123,6 +131,11 @@ class Database:
                                       progress=progress, bars=bar_factory(progress))
                 if exists:
                     self._writer.recover_if_free()
+            if shards is not None:
+                from .shards import open_shards
+
+                self._shards = open_shards(self.path, engine or "ray", shards,
+                                           {"dense_params": self.dense_params})
         except BaseException:
             created = False  # by this handle or, concurrently, by another one
             if not exists:
@@ -198,6 +211,9 @@ class Database:
         if self._closed:
             return
         self._closed = True
+        if self._shards is not None:
+            self._shards.close()
+            self._shards = None
         self._readers.clear()
         self._encoders.clear()
         if self._writer is not None:
@@ -277,7 +293,8 @@ class Database:
                     return
         with self.snapshot(version, doc_filter) as snap:
             yield ExecContext(snap, self._encode_with(snap.generation),
-                              lambda: history(snap.txn, self.env.dbs), doc_filter)
+                              lambda: history(snap.txn, self.env.dbs), doc_filter,
+                              shards=self._shards)
 
     def _encode_with(self, gen: int):
         return lambda text, mode: self.encoder_for(gen).encode_query(text, mode)
@@ -568,6 +585,21 @@ def _index_kind(index: Any) -> str:
         raise ProgrammingError(f"unknown index kind {index!r}: choose one of "
                                f"{sorted(INDEX_NAMES)}")
     return INDEX_NAMES[index]
+
+
+def _check_sharding(engine: Any, shards: Any, readonly: bool) -> None:
+    """``engine=`` / ``shards=`` of a sharded read-only handle (npmdb.shards)."""
+    if shards is None:
+        raise ProgrammingError(f"engine={engine!r} needs shards=N (the number of shards to "
+                               "spread the segments over)")
+    if not isinstance(shards, int) or isinstance(shards, bool) or shards < 1:
+        raise ProgrammingError(f"shards must be a positive integer, got {shards!r}")
+    if engine is not None and engine not in ("local", "ray"):
+        raise ProgrammingError(f"engine must be 'ray' or 'local' for sharded search, got "
+                               f"{engine!r}")
+    if not readonly:
+        raise ProgrammingError("sharded search reads only: open with readonly=True (write "
+                               "through another handle; shards see each new version)")
 
 
 def _check_ref(ref: Any) -> None:

@@ -70,6 +70,19 @@ class Snapshot:
                     cols = self._columns[si] = self.segments[si].column_views(self.txn)
         return cols
 
+    def subset(self, segs: list[int]) -> "Snapshot":
+        """The same version and transaction over segments ``segs`` only (a shard's part of
+        it; segment ``i`` of the subset is ``segs[i]`` of this one). Valid while this
+        snapshot is open."""
+        n = len(self.segments)
+        bad = [si for si in segs if not (isinstance(si, int) and 0 <= si < n)]
+        if bad:
+            raise OperationalError(f"version {self.manifest.id} has {n} segments; asked for "
+                                   f"segments {bad}: the shard and the coordinator disagree "
+                                   "on the version")
+        return Snapshot(self.txn, self.manifest, [self.segments[si] for si in segs],
+                        self._encoder, self.doc_filter, self._filter_cache)
+
     def close(self) -> None:
         """Let go of the transaction and of every view of its pages."""
         with self._columns_lock:

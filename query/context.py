@@ -38,6 +38,7 @@ class ExecContext:
     encode: Callable[[str, str], Any]
     history: Callable[[], list[dict[str, Any]]]
     doc_filter: DocFilter | None = None
+    shards: Any = None  # a shard set (npmdb.shards): the plan runs over it
 
     def require(self) -> Any:
         """The snapshot; a database without any version has none to query."""

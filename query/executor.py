@@ -48,6 +48,10 @@ def execute(plan: Plan, ctx: ExecContext) -> Result:
     """Run ``plan`` over ``ctx``'s snapshot: answers (fill_mask, classify) and, where the
     plan ends in a projection, its columns and rows."""
     snap = ctx.require()
+    if ctx.shards is not None:
+        from .exchange import distribute
+
+        plan = distribute(plan, ctx.shards)
     if plan.kind in _ANSWER_KINDS and (not snap.segments or
                                        snap.manifest.stats.get("docs", 0) == 0):
         raise ProgrammingError("the database has no documents at this version: "
@@ -90,6 +94,9 @@ def run_plan(plan: Plan, state: ExecState) -> ExecState:
         if id(op) in done:  # a shared child (hybrid: one EncodeQuery) runs once
             return
         done.add(id(op))
+        if op.remote:  # an exchange: its subtree runs on the shards
+            keep(_timed(op, state, depth))
+            return
         together = [c for c in op.children if c.concurrent and id(c) not in done]
         if len(together) < 2:
             together = []
@@ -115,6 +122,7 @@ def run_plan(plan: Plan, state: ExecState) -> ExecState:
 
     state.root = plan.root
     visit(plan.root, 0)
+    measured += state.remote
     # stages in the order a serial run records them (children first, left to right)
     rank: dict[int, int] = {}
 

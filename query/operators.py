@@ -198,6 +198,9 @@ class ExecState:
     prepared: dict[int, Any] = field(default_factory=dict)
     # concurrent operators that read through the snapshot's transaction take turns
     txn_lock: threading.Lock = field(default_factory=threading.Lock)
+    # stages run elsewhere (a sharded plan's subtree): (operator, StageStat), recorded
+    # with the plan's own
+    remote: list = field(default_factory=list)
 
     def inputs(self, op: "Operator", kind: type[O]) -> list[O]:
         """The outputs of ``op``'s children that are ``kind``s, in child order."""
@@ -240,6 +243,7 @@ class Operator:
 
     children: tuple["Operator", ...] = ()
     concurrent = False
+    remote = False  # True: runs its children itself, elsewhere (an Exchange)
 
     def prepare(self, st: "ExecState") -> None:
         return None
@@ -315,19 +319,22 @@ class EncodeQuery(Operator):
 
 def _merge_topk(side: str, found: list[tuple[int, np.ndarray, np.ndarray]],
                 k: int, qv: QueryVectors) -> Candidates:
-    """Keep the global top ``k`` over all segments, per segment."""
+    """Keep the global top ``k`` over all segments, per segment: a token found twice (in
+    the start and the end index) once, with its best score; ties by (segment, position);
+    positions ascending. The result does not depend on the order of ``found`` (a shard's
+    part of it gives the same positions as one process)."""
     if not found:
         return Candidates({side: {}}, 0, qv.vectors)
     segs = np.concatenate([np.full(len(p), si, np.int64) for si, p, _ in found])
-    pos = np.concatenate([p for _, p, _ in found])
+    key = segs * (1 << 40) + np.concatenate([p for _, p, _ in found])
     sc = np.concatenate([s for _, _, s in found])
-    key = segs * (1 << 40) + pos
-    _, first = np.unique(key, return_index=True)  # a token in both start and end indexes
-    if len(first) < len(key):
-        segs, pos, sc = segs[first], pos[first], sc[first]
+    order = np.lexsort((-sc, key))  # by key, best score first
+    key, sc = key[order], sc[order]
+    _, first = np.unique(key, return_index=True)
+    key, sc = key[first], sc[first]
     if len(sc) > k:
-        keep = np.argpartition(-sc, k - 1)[:k]
-        segs, pos = segs[keep], pos[keep]
+        key = key[np.sort(np.lexsort((key, -sc))[:k])]
+    segs, pos = key >> 40, key & ((1 << 40) - 1)
     return Candidates({side: {int(si): pos[segs == si] for si in np.unique(segs)}},
                       int(len(pos)), qv.vectors)
 
@@ -345,7 +352,7 @@ def _top_candidates(found: list[tuple[int, np.ndarray, np.ndarray]], n: int
     segs = np.concatenate([np.full(len(p), si, np.int64) for si, p, _ in found])
     key = segs * (1 << 40) + np.concatenate([p for _, p, _ in found])
     sc = np.concatenate([s for _, _, s in found])
-    order = np.argsort(-sc, kind="stable")
+    order = np.lexsort((key, -sc))  # best first, ties by (segment, position)
     key, sc = key[order], sc[order]
     _, first = np.unique(key, return_index=True)  # a token found from both sides once
     kept = np.sort(first)[:n]

@@ -128,6 +128,12 @@ def _execute(text: str, params: Any, open_context: OpenContext) -> Any:
                       stats=res.stats, plan=plan_text, info=res.info, columns=("plan",),
                       rows=tuple((line,) for line in plan_text.splitlines()))
     physical = compiled.physical()
+    if physical is not None:
+        with open_context(None) as ctx:  # a sharded handle: the plan its shards would run
+            if ctx.shards is not None:
+                from .exchange import distribute
+
+                physical = distribute(physical, ctx.shards)
     plan_text = format_explain(compiled.logical, physical.explain() if physical else "", notes)
     return Result((), query=text, plan=plan_text, columns=("plan",),
                   rows=tuple((line,) for line in plan_text.splitlines()))

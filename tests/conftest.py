@@ -139,3 +139,22 @@ def versioned_db_path(tmp_path_factory, tiny_encoder, sample_corpus) -> Path:
         db.tag("first")
         db.add(sample_corpus[300:400], message="100 more")
     return path
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local Ray cluster of two CPUs (the tests' worker processes), or skip where the
+    optional npmdb[ray] extra is not installed."""
+    import logging
+
+    try:
+        import ray
+        import ray.data  # noqa: F401
+    except ImportError as exc:
+        pytest.skip(f"the optional npmdb[ray] extra is not installed ({exc})")
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
+    yield ray
+    if started:
+        ray.shutdown()

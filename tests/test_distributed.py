@@ -116,29 +116,6 @@ def test_planner_cuts_pieces_and_segments(new_db):
 # -- with a local Ray cluster ---------------------------------------------------------------
 
 
-def import_ray():
-    """``ray`` with Ray Data, or skip (the optional npmdb[ray] extra is not installed)."""
-    try:
-        import ray
-        import ray.data  # noqa: F401
-    except ImportError as exc:
-        pytest.skip(f"the optional npmdb[ray] extra is not installed ({exc})")
-    return ray
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray = import_ray()
-    import logging
-
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
-    yield ray
-    if started:
-        ray.shutdown()
-
-
 def _same_answers(a, b, query, opts):
     ra, rb = a.fill_mask(query, **opts), b.fill_mask(query, **opts)
     assert [(x.text, x.support) for x in ra] == [(x.text, x.support) for x in rb], (query, opts)

@@ -357,3 +357,26 @@ def test_loopback_rules():
     args = Namespace(db="x", host="0.0.0.0", port=0, token=None, write=False, time_limit=1.0)
     with pytest.raises(npmdb.ProgrammingError, match="token"):
         main(args)
+
+
+def test_sharded_server_answers_as_one_process(versioned_db_path, client):
+    """``npmdb serve --shards 2`` (shards in process here): the same answers, an Exchange
+    in the plan; --shards with --write is refused."""
+    with TestClient(create_app(versioned_db_path, Settings(shards=2, engine="local"))) as c:
+        for body in ({"query": Q, "retrieval": "bm25", "top": 3},
+                     {"query": Q, "top": 3, "version": "first"}):
+            got = c.post("/api/fill_mask", json=body).json()
+            want = client.post("/api/fill_mask", json=body).json()
+            assert got["answers"] == want["answers"]
+            assert "Exchange (shards=2, engine=local)" in got["plan"]
+    from types import SimpleNamespace
+
+    from npmdb.errors import ProgrammingError
+    from npmdb.serve import main
+
+    args = SimpleNamespace(db=str(versioned_db_path), host="127.0.0.1", port=0, token=None,
+                           write=True, time_limit=5.0, shards=2, ray=False)
+    with pytest.raises(ProgrammingError, match="reads only"):
+        main(args)
+    with pytest.raises(ProgrammingError, match="give --shards N"):
+        main(SimpleNamespace(**{**vars(args), "write": False, "shards": None, "ray": True}))

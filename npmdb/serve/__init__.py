@@ -52,7 +52,14 @@ def main(args: Any) -> int:
     if args.write and not token:
         token = secrets.token_urlsafe(18)
         print(f"npmdb serve: --write without a token; generated one: {token}", file=sys.stderr)
-    settings = Settings(token=token, write=args.write, time_limit=args.time_limit)
+    shards = getattr(args, "shards", None)
+    if getattr(args, "ray", False) and shards is None:
+        raise ProgrammingError("--ray serves sharded search: give --shards N")
+    if shards is not None and args.write:
+        raise ProgrammingError("--shards serves reads only: drop --write (write through "
+                               "another handle; the shards read each new version)")
+    settings = Settings(token=token, write=args.write, time_limit=args.time_limit,
+                        shards=shards, engine="ray" if getattr(args, "ray", False) else "local")
     app = create_app(args.db, settings)
     try:
         import uvicorn

@@ -85,7 +85,10 @@ class Server:
         import npmdb
 
         self.settings = settings
-        self.db = npmdb.open(db_path, create=False, readonly=not settings.write, progress=False)
+        sharded = {} if settings.shards is None else {"engine": settings.engine,
+                                                      "shards": settings.shards}
+        self.db = npmdb.open(db_path, create=False, readonly=not settings.write, progress=False,
+                             **sharded)
         self.limiter = anyio.CapacityLimiter(settings.threads)
 
     def warm(self) -> None:

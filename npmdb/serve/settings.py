@@ -24,3 +24,5 @@ class Settings:
     max_page: int = 200               # documents per page
     time_limit: float = 30.0          # seconds per request (503 after it)
     threads: int = 4                  # requests executing at once; the rest wait
+    shards: int | None = None         # sharded search over this many shards (read-only)
+    engine: str = "ray"               # where the shards run ('ray' | 'local')

@@ -1,0 +1,191 @@
+"""Search sharded over processes: ``npmdb.open(path, readonly=True, engine="ray", shards=N)``.
+
+The coordinator (the process that opened the database) encodes each query once and runs
+the plan; its :class:`~npmdb.query.exchange.Exchange` operators send the segment work
+(dense and BM25 retrieval, exact re-scoring, span assembly, surface texts, evidence) to N
+shards and merge their answers exactly (see :mod:`npmdb.query.exchange`). The segments of
+the version being read are dealt to the shards by size, per query, so ``AS OF`` and a
+moving HEAD need no re-balancing.
+
+A shard is a :class:`ShardServer`: a read-only handle on the same database directory (a
+path every node can read, or a copy at the same path on each node) that serves requests
+for any version. Two shard sets run them:
+
+* :class:`RayShards` (``engine="ray"``): one Ray actor per shard, on the cluster
+  ``RAY_ADDRESS`` names or a new local one. A shard whose process dies is started again
+  and its request asked once more; a request that still fails raises
+  :class:`~npmdb.errors.OperationalError`, never a partial answer.
+* :class:`LocalShards` (``engine="local"``): the same servers in this process, one after
+  another (the reference the Ray engine is tested against; no parallelism).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from .errors import OperationalError, ProgrammingError
+
+__all__ = ["ShardServer", "LocalShards", "RayShards", "open_shards"]
+
+log = logging.getLogger(__name__)
+
+
+class ShardServer:
+    """One shard: a read-only handle on the database that answers the exchange's requests
+    (``handle(method, request)``) over the segments each request names."""
+
+    METHODS = ("term_stats", "retrieve", "spans", "locate", "texts", "doc_ids", "block_rows")
+
+    def __init__(self, path: str, options: dict | None = None) -> None:
+        from .database import Database
+
+        self.path = path
+        self.db = Database(path, readonly=True, create=False, **(options or {}))
+
+    def ping(self) -> dict:
+        return {"pid": os.getpid(), "path": self.path}
+
+    def handle(self, method: str, req: dict) -> Any:
+        from npmdb.query.exchange import ShardWork
+
+        if method not in self.METHODS:
+            raise ProgrammingError(f"unknown shard request {method!r}")
+        t0 = time.perf_counter()
+        with self.db.snapshot(req["version"], req["doc_filter"]) as snap:
+            work = ShardWork(snap.subset(req["segments"]), req["segments"], req["text"])
+            if method == "term_stats":
+                out = work.term_stats(req["subtree"])
+            elif method == "retrieve":
+                out = work.retrieve(req["subtree"], req["qv"], req["idf"])
+            elif method == "spans":
+                out = work.spans(req["subtree"], req["qv"], req["outputs"], req["group_by"])
+            elif method == "locate":
+                out = work.locate(req["items"])
+            elif method == "texts":
+                out = work.texts(req["items"])
+            elif method == "doc_ids":
+                out = work.doc_ids(req["items"])
+            else:
+                out = work.block_rows(req["items"])
+        if isinstance(out, dict):
+            out["wall_ms"] = (time.perf_counter() - t0) * 1000.0
+        return out
+
+    def close(self) -> None:
+        self.db.close()
+
+
+class LocalShards:
+    """Shard servers in this process, each with its own handle, asked in turn."""
+
+    engine = "local"
+
+    def __init__(self, path: str | os.PathLike, n: int, options: dict | None = None) -> None:
+        self.n = n
+        self.servers = [ShardServer(str(path), options) for _ in range(n)]
+
+    def map(self, method: str, requests: list[tuple[int, dict]]) -> list[Any]:
+        return [self.servers[i].handle(method, req) for i, req in requests]
+
+    def close(self) -> None:
+        for s in self.servers:
+            s.close()
+
+
+class RayShards:
+    """One Ray actor per shard. ``address``: passed to ``ray.init`` when Ray is not running
+    yet (None: ``RAY_ADDRESS`` or a new local cluster, shut down with this set);
+    ``cpus``: CPUs each actor reserves; ``timeout``: seconds a request may take."""
+
+    engine = "ray"
+
+    def __init__(self, path: str | os.PathLike, n: int, options: dict | None = None, *,
+                 address: str | None = None, cpus: float = 1.0,
+                 timeout: float | None = 600.0) -> None:
+        from .ingest.ray_workers import import_ray
+
+        self.ray = ray = import_ray()
+        self.n, self.path, self.options = n, str(path), dict(options or {})
+        self.timeout, self.cpus = timeout, cpus
+        self._stack = ExitStack()
+        if not ray.is_initialized():
+            ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
+            self._stack.callback(ray.shutdown)
+        # a killed actor process is started again by Ray; the exchange's requests are
+        # reads, so Ray may run one again on the new process
+        self._actor = ray.remote(num_cpus=cpus, max_restarts=-1, max_task_retries=2)(ShardServer)
+        self.actors: list[Any] = [None] * n
+        self.restarts = 0
+        try:
+            for i in range(n):
+                self.actors[i] = self._start()
+            with _ray_errors("starting the shards"):
+                ray.get([a.ping.remote() for a in self.actors], timeout=timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self) -> Any:
+        return self._actor.remote(self.path, self.options)
+
+    def pids(self) -> list[int]:
+        """Each shard's process id (for tests and ``stats``)."""
+        with _ray_errors("asking the shards"):
+            return [p["pid"] for p in self.ray.get([a.ping.remote() for a in self.actors],
+                                                   timeout=self.timeout)]
+
+    def map(self, method: str, requests: list[tuple[int, dict]]) -> list[Any]:
+        ray = self.ray
+        refs = [self.actors[i].handle.remote(method, req) for i, req in requests]
+        out: list[Any] = []
+        for (i, req), ref in zip(requests, refs):
+            try:
+                with _ray_errors(f"shard {i}"):
+                    out.append(ray.get(ref, timeout=self.timeout))
+            except OperationalError as exc:
+                if not _died(exc):
+                    raise
+                # the actor is gone for good (Ray gave up restarting it): a new one, and
+                # the request once more
+                log.warning("shard %d died (%s); starting it again", i, exc)
+                self.actors[i] = self._start()
+                self.restarts += 1
+                with _ray_errors(f"shard {i}, started again"):
+                    out.append(ray.get(self.actors[i].handle.remote(method, req),
+                                       timeout=self.timeout))
+        return out
+
+    def close(self) -> None:
+        for a in self.actors:
+            if a is not None:
+                try:
+                    self.ray.kill(a)
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
+        self.actors = []
+        self._stack.close()
+
+
+def _died(exc: BaseException) -> bool:
+    cause = exc.__cause__
+    name = type(cause).__name__ if cause is not None else ""
+    return name in ("ActorDiedError", "RayActorError", "ActorUnavailableError")
+
+
+@contextmanager
+def _ray_errors(what: str) -> Iterator[None]:
+    from .ingest.ray_workers import _ray_errors as translate
+
+    with translate(what):
+        yield
+
+
+def open_shards(path: Path, engine: str, shards: int, options: dict) -> Any:
+    """The shard set ``npmdb.open(..., engine=, shards=)`` asks for (the database checked
+    the arguments)."""
+    return (RayShards if engine == "ray" else LocalShards)(path, shards, options)

@@ -1,0 +1,210 @@
+"""Sharded search (npmdb.shards, npmdb.query.exchange): a query over N shards gives the
+answers, scores and evidence of one process over the same version.
+
+The shards run in this process (``engine="local"``) and on a local Ray cluster of two
+worker processes (``engine="ray"``, skipped only where the optional npmdb[ray] extra is not
+installed). Databases have four segments or more, with deleted documents and two versions.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import npmdb
+
+QUERIES = ["Salem is the capital of [MASK].", "Thessaloniki is a city in [MASK].",
+           "The currency of Japan is the [MASK]."]
+RETRIEVALS = [dict(retrieval="dense"), dict(retrieval="dense", exact=True),
+              dict(retrieval="bm25"), dict(retrieval="hybrid", k=256),
+              dict(retrieval="dense", mode="token"),
+              dict(retrieval="dense", mode="token", group_by="word"),
+              dict(retrieval="bm25", group_by="document"),
+              dict(retrieval="dense", group_by="tokens", k=128)]
+LABELS = {"positive": ["great", "good"], "negative": ["terrible", "bad"]}
+
+
+def _build(path, encoder, docs, **kw):
+    with npmdb.open(path, encoder=encoder, progress=False, **kw) as db:
+        for i in range(4):  # one segment each
+            db.add(docs[i * 120:(i + 1) * 120], message=f"part {i}")
+        db.tag("four-parts")
+        db.delete([docs[3]["id"], docs[200]["id"]], message="two gone")
+        db.add(docs[480:520], message="a fifth segment")
+    return path
+
+
+@pytest.fixture(scope="module", params=["hnsw", "ivf"])
+def sharded_db_path(request, tmp_path_factory, tiny_encoder, sample_corpus):
+    kw = {} if request.param == "hnsw" else dict(index="ivf", codec="int4")
+    return _build(tmp_path_factory.mktemp(f"shards-{request.param}") / "db", tiny_encoder,
+                  sample_corpus, **kw)
+
+
+def _answers(res):
+    return [(a.text, a.score, a.support, a.tokens, a.evidence) for a in res.answers]
+
+
+def _same(one, many, run):
+    a, b = run(one), run(many)
+    assert _answers(a) == _answers(b)
+    return a, b
+
+
+def _check_all(one, many):
+    for q in QUERIES:
+        for opts in RETRIEVALS:
+            _same(one, many, lambda db: db.fill_mask(q, top=8, evidence=2, **opts))
+    # AS OF an older version (four segments, nothing deleted)
+    _same(one, many, lambda db: db.fill_mask(QUERIES[0], version="four-parts", evidence=1))
+    _same(one, many, lambda db: db.classify("A gorgeous, witty film. It was [MASK].", LABELS,
+                                            evidence=1))
+    _same(one, many, lambda db: db.classify("Dull and long. It was [MASK].", LABELS,
+                                            retrieval="bm25", calibrate=True))
+    assert one.search("capital city", limit=7) == many.search("capital city", limit=7)
+    for stmt in ("SELECT phrase, score, support FROM MASKED('Salem is the capital of [MASK].') "
+                 "WHERE doc.title LIKE 'S%' LIMIT 5",
+                 "SELECT phrase, doc_id, start, end, snippet, score FROM "
+                 "EVIDENCE('Thessaloniki is a city in [MASK].') LIMIT 6",
+                 "SELECT doc_id, title, snippet, score FROM SEARCH('church') LIMIT 4",
+                 "SELECT tokens, score FROM TOKENS('The capital of Greece is [MASK].') "
+                 "USING dense(k => 64) LIMIT 5"):
+        assert one.sql(stmt).rows == many.sql(stmt).rows, stmt
+
+
+def test_local_shards_answer_as_one_process(sharded_db_path):
+    with npmdb.open(sharded_db_path, readonly=True) as one, \
+            npmdb.open(sharded_db_path, readonly=True, engine="local", shards=2) as many:
+        _check_all(one, many)
+
+
+def test_more_shards_than_segments(sharded_db_path):
+    with npmdb.open(sharded_db_path, readonly=True) as one, \
+            npmdb.open(sharded_db_path, readonly=True, engine="local", shards=7) as many:
+        a, b = _same(one, many, lambda db: db.fill_mask(QUERIES[1], evidence=3))
+        assert b.info["shards"]["segments"].count(0) == 2  # 5 segments over 7 shards
+
+
+def test_explain_analyze_shows_the_exchange_and_shard_times(sharded_db_path):
+    with npmdb.open(sharded_db_path, readonly=True, engine="local", shards=2) as db:
+        res = db.fill_mask(QUERIES[0])
+        plan = res.plan
+        assert "Exchange (shards=2, engine=local)" in plan
+        line = next(li for li in plan.splitlines() if "DenseTopK" in li)
+        assert "shard ms: " in line and "time=" in line
+        assert sorted(res.info["shards"]["segments"]) == [2, 3]
+        text = db.sql("EXPLAIN SELECT phrase FROM MASKED('Salem is the capital of [MASK].')"
+                      ).rows
+        assert any("Exchange" in str(r) for r in text)
+
+
+def test_shard_assignment_balances_tokens(sharded_db_path):
+    from npmdb.query.exchange import assign
+
+    with npmdb.open(sharded_db_path, readonly=True) as db, db.snapshot() as snap:
+        owned = assign(snap, 2)
+        assert sorted(si for o in owned for si in o) == list(range(len(snap.segments)))
+        load = [sum(snap.segments[si].record.tokens for si in o) for o in owned]
+        biggest = max(seg.record.tokens for seg in snap.segments)
+        assert abs(load[0] - load[1]) <= biggest
+        with pytest.raises(npmdb.OperationalError, match="disagree on the version"):
+            snap.subset([0, 99])
+
+
+def test_sharded_handle_is_checked(sharded_db_path):
+    with pytest.raises(npmdb.ProgrammingError, match="readonly=True"):
+        npmdb.open(sharded_db_path, engine="local", shards=2)
+    with pytest.raises(npmdb.ProgrammingError, match="shards must be a positive integer"):
+        npmdb.open(sharded_db_path, readonly=True, engine="local", shards=0)
+    with pytest.raises(npmdb.ProgrammingError, match="needs shards=N"):
+        npmdb.open(sharded_db_path, readonly=True, engine="ray")
+    with pytest.raises(npmdb.ProgrammingError, match="'ray' or 'local'"):
+        npmdb.open(sharded_db_path, readonly=True, engine="spark", shards=2)
+
+
+def test_shards_read_the_version_the_query_names(tmp_path, tiny_encoder, sample_corpus):
+    """A new version written while a sharded handle is open: the next query reads it (the
+    shards open each request's version), and AS OF still reads the old one."""
+    path = _build(tmp_path / "db", tiny_encoder, sample_corpus)
+    with npmdb.open(path, readonly=True, engine="local", shards=2) as many:
+        before = many.fill_mask(QUERIES[0], top=3)
+        # another process writes (this one holds the directory read-only)
+        code = ("import json, sys, npmdb\n"
+                "with npmdb.open(sys.argv[1], progress=False) as w:\n"
+                "    w.add(json.loads(sys.stdin.read()), message='more')\n")
+        subprocess.run([sys.executable, "-c", code, str(path)], check=True,
+                       input=json.dumps(sample_corpus[600:700]), text=True)
+        after = many.fill_mask(QUERIES[0], top=3)
+        assert after.version == before.version + 1
+        with npmdb.open(path, readonly=True) as one:
+            assert _answers(after) == _answers(one.fill_mask(QUERIES[0], top=3))
+            old = one.fill_mask(QUERIES[0], top=3, version=before.version)
+        assert _answers(many.fill_mask(QUERIES[0], top=3, version=before.version)) == \
+            _answers(old)
+
+
+# -- on a local Ray cluster ---------------------------------------------------------------------
+
+
+@pytest.mark.ray
+def test_ray_shards_answer_as_one_process(ray_cluster, sharded_db_path):
+    with npmdb.open(sharded_db_path, readonly=True) as one, \
+            npmdb.open(sharded_db_path, readonly=True, engine="ray", shards=2) as many:
+        pids = many._shards.pids()
+        assert len(set(pids)) == 2  # two worker processes
+        _check_all(one, many)
+        assert "Exchange (shards=2, engine=ray)" in many.fill_mask(QUERIES[0]).plan
+
+
+@pytest.mark.ray
+def test_ray_shard_killed_is_started_again(ray_cluster, sharded_db_path):
+    """A shard killed for good between queries is replaced and the next query answers
+    whole; one killed during a query makes it answer whole or raise OperationalError."""
+    import threading
+
+    with npmdb.open(sharded_db_path, readonly=True) as one, \
+            npmdb.open(sharded_db_path, readonly=True, engine="ray", shards=2) as many:
+        want = _answers(one.fill_mask(QUERIES[1], evidence=2))
+        shards = many._shards
+        ray_cluster.kill(shards.actors[0], no_restart=True)
+        assert _answers(many.fill_mask(QUERIES[1], evidence=2)) == want
+        assert shards.restarts == 1
+        # killed (Ray restarts it) while queries run
+        outcomes = []
+
+        def ask():
+            for _ in range(6):
+                try:
+                    outcomes.append(_answers(many.fill_mask(QUERIES[1], evidence=2)) == want)
+                except npmdb.OperationalError:
+                    outcomes.append("error")
+        t = threading.Thread(target=ask)
+        t.start()
+        ray_cluster.kill(shards.actors[1], no_restart=False)
+        t.join()
+        assert all(o is True or o == "error" for o in outcomes), outcomes
+        assert _answers(many.fill_mask(QUERIES[1], evidence=2)) == want
+
+
+@pytest.mark.slow
+def test_real_encoder_sharded(real_db_path, tmp_path, sample_corpus):
+    """The shipped encoder's database with a second segment, sharded in process: the
+    same answers."""
+    import shutil
+
+    path = tmp_path / "db"
+    shutil.copytree(real_db_path, path)
+    with npmdb.open(path, progress=False) as db:
+        have = {d["id"] for d in db.documents()}
+        db.add([d for d in sample_corpus if d["id"] not in have][:150])
+        assert db.stats()["segments"] == 2
+    with npmdb.open(path, readonly=True) as one, \
+            npmdb.open(path, readonly=True, engine="local", shards=2) as many:
+        for q in QUERIES:
+            for opts in RETRIEVALS[:5]:
+                a, b = _same(one, many, lambda db: db.fill_mask(q, evidence=2, **opts))
+                assert sorted(b.info["shards"]["segments"]) == [1, 1]
+        assert len(a.answers) == 5
