@@ -62,6 +62,13 @@ def run(path: Path, data: Path, counts: list[int], engine: str, n: int, clients:
         rounds: int, log=print) -> dict:
     queries = [r["query"] for r in load_jsonl(data / "cloze.jsonl")[:n]]
     settings = [0] + counts
+    if engine == "ray":  # one local cluster for every setting: `open` times the actors only
+        import logging
+
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(include_dashboard=False, logging_level=logging.WARNING)
     runs: dict[int, list[dict]] = {s: [] for s in settings}
     for r in range(rounds):
         for s in settings:

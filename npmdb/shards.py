@@ -100,22 +100,26 @@ class LocalShards:
 class RayShards:
     """One Ray actor per shard. ``address``: passed to ``ray.init`` when Ray is not running
     yet (None: ``RAY_ADDRESS`` or a new local cluster, shut down with this set);
-    ``cpus``: CPUs each actor reserves; ``timeout``: seconds a request may take."""
+    ``cpus``: CPUs each actor reserves (None: one, or an equal part of the cluster's CPUs
+    where it has fewer than ``n``); ``timeout``: seconds a request may take."""
 
     engine = "ray"
 
     def __init__(self, path: str | os.PathLike, n: int, options: dict | None = None, *,
-                 address: str | None = None, cpus: float = 1.0,
+                 address: str | None = None, cpus: float | None = None,
                  timeout: float | None = 600.0) -> None:
         from .ingest.ray_workers import import_ray
 
         self.ray = ray = import_ray()
         self.n, self.path, self.options = n, str(path), dict(options or {})
-        self.timeout, self.cpus = timeout, cpus
+        self.timeout = timeout
         self._stack = ExitStack()
         if not ray.is_initialized():
             ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
             self._stack.callback(ray.shutdown)
+        if cpus is None:  # every shard must fit at once, or queries wait forever
+            cpus = min(1.0, float(ray.cluster_resources().get("CPU", 1.0)) / n)
+        self.cpus = cpus
         # a killed actor process is started again by Ray; the exchange's requests are
         # reads, so Ray may run one again on the new process
         self._actor = ray.remote(num_cpus=cpus, max_restarts=-1, max_task_retries=2)(ShardServer)

@@ -39,7 +39,8 @@ from .format import unpack
 from .paths import fsync_path
 
 __all__ = ["IvfParams", "IvfFile", "IvfSide", "MIN_TRAIN", "template_key", "train_template",
-           "build_ivf", "check_ivf_params", "side_bitmap", "IVF_FILE", "read_template"]
+           "build_ivf", "Entries", "encode_entries", "load_template", "check_ivf_params",
+           "side_bitmap", "IVF_FILE", "read_template"]
 
 MIN_TRAIN = 4096  # vectors a template is trained on at least (PQ's 256 centroids each)
 IVF_FILE = "tokens.ivf"  # g{gen}.tokens.ivf
@@ -123,23 +124,91 @@ def train_template(sample: np.ndarray, params: IvfParams, threads: int | None = 
     return bytes(faiss.serialize_index(index))
 
 
+def load_template(template: bytes, dim: int):
+    """The trained, empty FAISS index ``template`` holds (checked against ``dim``)."""
+    import faiss
+
+    index = faiss.deserialize_index(np.frombuffer(template, dtype=np.uint8))
+    if index.d != dim:
+        raise OperationalError(f"the IVF template has dimension {index.d}, the vectors "
+                               f"{dim}: the database is inconsistent")
+    return index
+
+
+@dataclass(frozen=True)
+class Entries:
+    """Vectors already coded against a template (where a Ray worker coded them): token
+    positions, inverted-list numbers and PQ codes, row for row."""
+
+    labels: np.ndarray   # int64[n]
+    lists: np.ndarray    # int64[n]
+    codes: np.ndarray    # uint8[n, code_size]
+
+    def shifted(self, by: int) -> "Entries":
+        return Entries(self.labels + by, self.lists, self.codes)
+
+    @staticmethod
+    def concat(parts: list["Entries"]) -> "Entries | None":
+        if not parts:
+            return None
+        return Entries(np.concatenate([p.labels for p in parts]),
+                       np.concatenate([p.lists for p in parts]),
+                       np.concatenate([p.codes for p in parts]))
+
+
+def encode_entries(index, vectors: np.ndarray, labels: np.ndarray) -> Entries:
+    """``vectors`` coded against the trained ``index`` (:func:`load_template`): what
+    ``add_with_ids`` would store, computed apart from the index (``sa_encode``: the list
+    number, little-endian, then the PQ code)."""
+    x = np.ascontiguousarray(vectors, dtype=np.float32)
+    raw = index.sa_encode(x) if len(x) else np.zeros((0, index.sa_code_size()), np.uint8)
+    coarse = index.coarse_code_size()
+    lists = np.zeros(len(raw), np.int64)
+    for b in range(coarse):
+        lists |= raw[:, b].astype(np.int64) << (8 * b)
+    return Entries(np.ascontiguousarray(labels, dtype=np.int64), lists,
+                   np.ascontiguousarray(raw[:, coarse:]))
+
+
+def _add_entries(index, entries: Entries) -> None:
+    import faiss
+
+    ivf = faiss.extract_index_ivf(index)
+    if entries.codes.shape[1] != ivf.code_size:
+        raise OperationalError(f"coded vectors of {entries.codes.shape[1]} bytes for an index "
+                               f"of {ivf.code_size}: they were coded with another template")
+    order = np.argsort(entries.lists, kind="stable")
+    lists, labels = entries.lists[order], entries.labels[order]
+    codes = np.ascontiguousarray(entries.codes[order])
+    cuts = np.flatnonzero(np.diff(lists)) + 1
+    for lo, hi in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [len(lists)]])):
+        ids = np.ascontiguousarray(labels[lo:hi])
+        part = np.ascontiguousarray(codes[lo:hi])
+        ivf.invlists.add_entries(int(lists[lo]), int(hi - lo), faiss.swig_ptr(ids),
+                                 faiss.swig_ptr(part))
+    ivf.ntotal += len(lists)
+    index.ntotal = ivf.ntotal
+
+
 def build_ivf(template: bytes | None, vectors: np.ndarray, labels: np.ndarray,
-              path: Path) -> None:
+              path: Path, entries: Entries | None = None) -> None:
     """Write the segment's index to ``path`` (fsynced): the template's IVF-PQ filled with
-    ``vectors`` under ``labels`` (token positions), or an exact flat index without one."""
+    ``vectors`` under ``labels`` (token positions) and with ``entries`` (vectors coded
+    elsewhere with the same template), or an exact flat index without a template."""
     import faiss
 
     dim = vectors.shape[1]
     if template is not None:
-        index = faiss.deserialize_index(np.frombuffer(template, dtype=np.uint8))
-        if index.d != dim:
-            raise OperationalError(f"the IVF template has dimension {index.d}, the vectors "
-                                   f"{dim}: the database is inconsistent")
+        index = load_template(template, dim)
     else:
+        if entries is not None and len(entries.labels):
+            raise OperationalError("coded vectors for a segment without an IVF template")
         index = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
     if len(labels):
         index.add_with_ids(np.ascontiguousarray(vectors, dtype=np.float32),
                            np.ascontiguousarray(labels, dtype=np.int64))
+    if entries is not None and len(entries.labels):
+        _add_entries(index, entries)
     faiss.write_index(index, str(path))
     fsync_path(path)
 

@@ -109,6 +109,7 @@ class SegmentWriter:
         self._waiting: list[np.ndarray] = []  # float32 rows before the codec is trained
         self._sides: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {
             "start": ([], []), "end": ([], [])}
+        self._entries: list[ivf.Entries] = []  # index rows coded by Ray workers
 
     # -- input ----------------------------------------------------------------------------
 
@@ -148,24 +149,41 @@ class SegmentWriter:
 
     def add_stored(self, stored: np.ndarray) -> None:
         """Rows of the next tokens already in this segment's codec (copied by optimize)."""
+        self._append_stored(stored, decode=True)
+
+    def _append_stored(self, stored: np.ndarray, *, decode: bool) -> None:
+        """Append codec rows; with ``decode``, keep the valid starts' and ends' vectors (as
+        stored) for the dense index."""
         if not len(stored):
             return
         lo, hi = self.n, self.n + len(stored)
         if hi > self.n_tokens:
             raise OperationalError(f"segment {self.seg}: vectors for {hi} tokens, but the "
                                    f"segment has {self.n_tokens}")
-        flags = self._flags(lo, hi)
-        need = np.flatnonzero(flags & (F.VALID_START | F.VALID_END))
-        decoded = self.codec.decode(stored[need]) if len(need) else \
-            np.zeros((0, self.dim), np.float32)
-        for side, bit in (("start", F.VALID_START), ("end", F.VALID_END)):
-            rows = np.flatnonzero(flags[need] & bit)
-            self._sides[side][0].append(need[rows] + lo)
-            self._sides[side][1].append(decoded[rows].astype(np.float16))
+        if decode:
+            flags = self._flags(lo, hi)
+            need = np.flatnonzero(flags & (F.VALID_START | F.VALID_END))
+            decoded = self.codec.decode(stored[need]) if len(need) else \
+                np.zeros((0, self.dim), np.float32)
+            for side, bit in (("start", F.VALID_START), ("end", F.VALID_END)):
+                rows = np.flatnonzero(flags[need] & bit)
+                self._sides[side][0].append(need[rows] + lo)
+                self._sides[side][1].append(decoded[rows].astype(np.float16))
         self._codes.append(stored)
         self._n_codes += len(stored)
         self.n = hi
         self._flush(final=False)
+
+    def add_encoded(self, stored: np.ndarray, entries: ivf.Entries) -> None:
+        """Rows of the next tokens in this segment's codec with their IVF entries, coded
+        by a worker against the generation's template (positions from the first of these
+        tokens): nothing is decoded or coded here."""
+        lo = self.n
+        if self.kind() != IVF:
+            raise OperationalError(f"segment {self.seg}: IVF entries for a "
+                                   f"{self.kind()} index")
+        self._entries.append(entries.shifted(lo))
+        self._append_stored(stored, decode=False)
 
     def _flags(self, lo: int, hi: int) -> np.ndarray:
         if self.existing is not None:
@@ -289,10 +307,32 @@ class SegmentWriter:
                        np.concatenate(vecs) if vecs else np.zeros((0, self.dim), np.float16))
                 for side, (pos, vecs) in self._sides.items()}
 
+    def kind(self) -> str:
+        """The index kind this segment gets: the database's, or for ``auto`` the one its
+        corpus size asks for (with the tokens known so far)."""
+        if self.dense != AUTO:
+            return self.dense
+        return IVF if self.corpus_tokens + self.n_tokens >= AUTO_IVF_TOKENS else "hnsw"
+
+    def ensure_template(self) -> bytes | None:
+        """The generation's IVF template, trained on this segment's vectors so far (and
+        saved) when there is none yet and they are enough; None while there is none."""
+        template = ivf.read_template(self.env, self.gen)
+        if template is not None:
+            return template
+        sides = self.index_vectors()
+        pos = np.concatenate([sides["start"][0], sides["end"][0]])
+        _, first = np.unique(pos, return_index=True)
+        if len(first) < ivf.MIN_TRAIN:
+            return None
+        vecs = np.concatenate([sides["start"][1], sides["end"][1]])[first].astype(np.float32)
+        template = ivf.train_template(vecs, self.params.ivf)
+        self.env.write(lambda txn: txn.put(ivf.template_key(self.gen), F.pack(template),
+                                           db=self.env.dbs["meta"]))
+        return template
+
     def _build_dense(self, target: Path) -> None:
-        if self.dense == AUTO:  # by corpus size, recorded per segment
-            big = self.corpus_tokens + self.n_tokens >= AUTO_IVF_TOKENS
-            self.dense = IVF if big else "hnsw"
+        self.dense = self.kind()  # auto resolved by corpus size, recorded per segment
         if self.dense == IVF:
             self._build_ivf(target)
             return
@@ -313,14 +353,12 @@ class SegmentWriter:
         vecs = np.concatenate([sides["start"][1], sides["end"][1]])
         pos, first = np.unique(pos, return_index=True)
         vecs = vecs[first].astype(np.float32)
-        bar = self.progress(len(pos), "index (ivf)", "vec")
-        template = ivf.read_template(self.env, self.gen)
-        if template is None and len(pos) >= ivf.MIN_TRAIN:
-            template = ivf.train_template(vecs, self.params.ivf)
-            self.env.write(lambda txn: txn.put(ivf.template_key(self.gen), F.pack(template),
-                                               db=self.env.dbs["meta"]))
-        ivf.build_ivf(template, vecs, pos, target / f"g{self.gen}.{ivf.IVF_FILE}")
-        bar.update(len(pos))
+        entries = ivf.Entries.concat(self._entries)
+        n = len(pos) + (len(entries.labels) if entries is not None else 0)
+        bar = self.progress(n, "index (ivf)", "vec")
+        template = self.ensure_template()
+        ivf.build_ivf(template, vecs, pos, target / f"g{self.gen}.{ivf.IVF_FILE}", entries)
+        bar.update(n)
         bar.close()
 
 

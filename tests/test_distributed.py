@@ -292,3 +292,48 @@ def test_cli_add_ray(ray_cluster, tmp_path, tiny_encoder, sample_corpus):
     with npmdb.open(tmp_path / "db", readonly=True, progress=False) as db:
         assert db.count() == 50 and db.versions()[-1]["id"] == 1
         assert db.get(sample_corpus[7]["id"])["text"] == sample_corpus[7]["text"]
+
+
+@pytest.mark.ray
+def test_ray_add_codes_the_ivf_index_in_the_workers(ray_cluster, tmp_path, tiny_encoder,
+                                                    sample_corpus, monkeypatch):
+    """An IVF add on Ray: the first wave (about a training sample) trains the template in
+    the driver, then the workers code every later piece (codec rows and IVF entries). The
+    database equals one whose pieces the driver coded: same vectors, same index, same
+    answers."""
+    from npmdb.ingest import ray as ray_ingest
+
+    monkeypatch.setattr(ray_ingest, "TRAIN_WAVE_CHARS", 40_000)
+    docs = sample_corpus[:1500]
+    kw = dict(encoder=tiny_encoder, progress=False, index="ivf", codec="int4")
+
+    def add(path, **extra):
+        eng = RayEngine(workers=2, segment_docs=600, piece_docs=150, wave_chars=1 << 20)
+        with npmdb.open(path, **kw) as db:
+            db.add(copy.deepcopy(docs), engine=eng)
+        return eng.report
+
+    coded = add(tmp_path / "workers")
+    assert coded["pieces_indexed_by_workers"] > 0
+    monkeypatch.setattr(ray_ingest, "_worker_index", lambda writer, gen: None)
+    assert add(tmp_path / "driver")["pieces_indexed_by_workers"] == 0
+    with npmdb.open(tmp_path / "workers", readonly=True) as a, \
+            npmdb.open(tmp_path / "driver", readonly=True) as b:
+        assert a.stats()["segments"] == b.stats()["segments"] == 3
+        assert a.stats()["index"] == {"ivf": 3}
+        with a.snapshot() as sa, b.snapshot() as sb:
+            for ra, rb in zip(sa.segments, sb.segments):
+                n = ra.record.tokens
+                np.testing.assert_array_equal(ra.vectors(sa.txn, 0, np.arange(n)),
+                                              rb.vectors(sb.txn, 0, np.arange(n)))
+                assert ivf_file(ra).read_bytes() == ivf_file(rb).read_bytes()
+        for q in QUERIES:
+            assert [(x.text, x.score) for x in a.fill_mask(q)] == \
+                [(x.text, x.score) for x in b.fill_mask(q)]
+
+
+def ivf_file(reader):
+    from npmdb.storage.ivf import IVF_FILE
+    from npmdb.storage.paths import segment_dir
+
+    return segment_dir(reader.root, reader.seg) / f"g0.{IVF_FILE}"

@@ -297,3 +297,21 @@ def test_queries_read_columns_in_place_and_check_them(ivf_path, tmp_path):
     with npmdb.open(dst, readonly=True, progress=False) as db:
         with pytest.raises(npmdb.OperationalError, match=f"corrupt segment {seg} tokens"):
             db.fill_mask(QUERIES[0], k=64)
+
+
+def test_entries_coded_apart_fill_the_same_index(tmp_path):
+    """Vectors coded against a template elsewhere (a Ray worker's ``encode_entries``) and
+    added as entries give the index ``add_with_ids`` gives: the same file, byte for byte."""
+    from npmdb.storage import ivf
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((9000, 32)).astype(np.float32)
+    t = ivf.train_template(x[:5000], ivf.IvfParams(nlist=32, m=8))
+    labels = np.arange(4000, dtype=np.int64) * 3
+    ivf.build_ivf(t, x[5000:], labels, tmp_path / "a.ivf")
+    e = ivf.encode_entries(ivf.load_template(t, 32), x[6500:], labels[1500:])
+    ivf.build_ivf(t, x[5000:6500], labels[:1500], tmp_path / "b.ivf", entries=e)
+    assert (tmp_path / "a.ivf").read_bytes() == (tmp_path / "b.ivf").read_bytes()
+    other = ivf.train_template(x[:5000], ivf.IvfParams(nlist=32, m=16))
+    with pytest.raises(npmdb.OperationalError, match="another template"):
+        ivf.build_ivf(other, x[:0], labels[:0], tmp_path / "c.ivf", entries=e)

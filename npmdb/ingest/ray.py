@@ -40,6 +40,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import numpy as np
 
+from npmdb.storage.ivf import Entries
+
 from ..corpus import Document, read_documents
 from ..errors import OperationalError, ProgrammingError
 from .ray_workers import RAY_EXTRA, Runs, encode_piece, guarded, import_ray
@@ -186,15 +188,17 @@ class _Planner:
             yield self._close(last=True)
 
 
-def _waves(source: Iterable[Document], wave_chars: int
+def _waves(source: Iterable[Document], wave_chars: int, first_chars: int | None = None
            ) -> Iterator[tuple[list[Document], bool]]:
-    """Documents in waves of about ``wave_chars`` characters: ``(wave, is_last)``."""
+    """Documents in waves of about ``wave_chars`` characters (the first of about
+    ``first_chars``, where given): ``(wave, is_last)``."""
     wave: list[Document] = []
     chars = 0
+    limit = first_chars or wave_chars
     for d in source:
-        if chars >= wave_chars:  # full, and another document follows
+        if chars >= limit:  # full, and another document follows
             yield wave, False
-            wave, chars = [], 0
+            wave, chars, limit = [], 0, wave_chars
         wave.append(d)
         chars += len(d.text)
     yield wave, True
@@ -230,31 +234,80 @@ def _add(engine: RayEngine, writer: "Writer", encoders: "Encoders", docs: Any) -
         writer, str(Path(encoder.model.name_or_path).resolve()), encoder.info.to_dict()))
     planner = _Planner(writer, engine, writer.allocate_segment)
     open_segments: dict[int, "SegmentWriter"] = {}
+    ivf_add = _writes_ivf(writer)
+    index = _worker_index(writer, gen) if ivf_add else None
+    coded = 0
 
     def finish(seg: int) -> None:
         sw = open_segments.pop(seg)
         writer.append(sw.finish(), [d.id for d in sw.docs])
 
+    # without a template yet, a first wave of about a training sample: the driver trains
+    # the template on it, and the workers code every later wave's vectors themselves
+    first = min(engine.wave_chars, TRAIN_WAVE_CHARS) if ivf_add and index is None else None
     try:
-        for wave, last in _waves(source, engine.wave_chars):
+        for wave, last in _waves(source, engine.wave_chars, first):
             pieces = list(planner.cut(planner.assign_ids(wave)))
             if last:
                 pieces += list(planner.end())
             items = [{"piece": i, "payload": _pack_piece({"texts": [d.text for d in p.docs]})}
                      for i, p in enumerate(pieces)]
+            runs.ctor["index"] = index
             for pid, out in _in_order(runs.run(items), len(items), "encoding"):
                 p = pieces[pid]
                 sw = open_segments.get(p.seg)
                 if sw is None:
                     sw = open_segments[p.seg] = writer.segment_writer(p.seg, gen, engine="ray")
                 sw.add_documents(p.docs, out)
-                sw.add_vectors(out["vectors"])
+                if "stored" in out:  # coded by the worker against the template
+                    sw.add_encoded(out["stored"], Entries(out["ivf_labels"], out["ivf_lists"],
+                                                          out["ivf_codes"]))
+                    coded += 1
+                else:
+                    sw.add_vectors(out["vectors"])
                 if p.last:
                     finish(p.seg)
+            if ivf_add and index is None and not last:
+                for sw in open_segments.values():
+                    if sw.ensure_template() is not None:
+                        break
+                index = _worker_index(writer, gen)
     finally:
         runs.close()
+        engine.report["pieces_indexed_by_workers"] = coded
     for seg in sorted(open_segments):  # a segment whose last piece came before the end
         finish(seg)
+
+
+# The first wave of an IVF add without a template: ~4M characters, about 900k tokens, more
+# than the largest training sample (IvfParams.train_points) of valid starts and ends.
+TRAIN_WAVE_CHARS = 4 << 20
+
+
+def _writes_ivf(writer: "Writer") -> bool:
+    """Every segment this add writes gets an IVF index (the database's kind, or ``auto``
+    over a corpus already past the threshold) in a codec a worker can apply."""
+    from npmdb.storage.codec import is_stateful
+    from npmdb.storage.dense import AUTO, AUTO_IVF_TOKENS, IVF
+
+    head = writer.head()
+    corpus = int(head.stats.get("tokens", 0)) if head else 0
+    dense = str(writer.config.get("dense", "hnsw"))
+    big = dense == IVF or (dense == AUTO and corpus >= AUTO_IVF_TOKENS)
+    return big and not is_stateful(writer.new_codec(corpus))
+
+
+def _worker_index(writer: "Writer", gen: int) -> dict | None:
+    """What the workers code with (the codec and the generation's IVF template), or None
+    while the generation has no template."""
+    from npmdb.storage import ivf
+
+    template = ivf.read_template(writer.env, gen)
+    if template is None:
+        return None
+    head = writer.head()
+    corpus = int(head.stats.get("tokens", 0)) if head else 0
+    return {"codec": writer.new_codec(corpus), "template": template}
 
 
 def _reembed(engine: RayEngine, writer: "Writer", encoders: "Encoders",

@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..encoder import Encoder
     from .ray import RayEngine
 
-__all__ = ["encode_piece", "import_ray", "Runs", "guarded", "RAY_EXTRA"]
+__all__ = ["encode_piece", "PieceIndex", "import_ray", "Runs", "guarded", "RAY_EXTRA"]
 
 RAY_EXTRA = "pip install 'npmdb[ray]'"
 _ENCODE_WINDOW = 256  # blocks per encode_blocks call, as in npmdb.ingest.local
@@ -54,8 +54,40 @@ def import_ray():
 # -- the worker side ------------------------------------------------------------------------
 
 
+class PieceIndex:
+    """What a worker needs to code a piece's vectors for the segment writer itself: the
+    segment's codec (a stateless one) and the generation's trained IVF template."""
+
+    def __init__(self, codec: str, template: bytes, dim: int) -> None:
+        from npmdb.storage import ivf
+        from npmdb.storage.codec import get_codec, is_stateful
+
+        if is_stateful(codec):
+            raise ProgrammingError(f"a worker cannot code vectors in the stateful codec "
+                                   f"{codec!r}")
+        self.codec = get_codec(codec)
+        self.index = ivf.load_template(template, dim)
+
+    def code(self, h: np.ndarray, flags: np.ndarray) -> dict[str, Any]:
+        """Every token's row in the codec, and the IVF entries of the valid starts and
+        ends (each once), exactly as the segment writer makes them from float16 vectors."""
+        from npmdb.storage import ivf
+        from npmdb.storage.codec import Float16Codec
+        from npmdb.storage.format import VALID_END, VALID_START
+
+        x = cast(h, np.float16)
+        stored = x if isinstance(self.codec, Float16Codec) else \
+            self.codec.encode(cast(x, np.float32))
+        need = np.flatnonzero(flags & (VALID_START | VALID_END))
+        vecs = self.codec.decode(stored[need]).astype(np.float16).astype(np.float32) \
+            if len(need) else np.zeros((0, h.shape[1]), np.float32)
+        e = ivf.encode_entries(self.index, vecs, need)
+        return {"stored": stored, "ivf_labels": e.labels, "ivf_lists": e.lists,
+                "ivf_codes": e.codes}
+
+
 def encode_piece(encoder: "Encoder", piece: dict, block_len: int,
-                 batch_tokens: int = 8192) -> dict[str, Any]:
+                 batch_tokens: int = 8192, index: PieceIndex | None = None) -> dict[str, Any]:
     """Encode one piece (what an actor does; callable without Ray).
 
     ``piece`` is ``{"texts": [...]}`` (documents: tokenised, flagged and cut into blocks by
@@ -63,7 +95,9 @@ def encode_piece(encoder: "Encoder", piece: dict, block_len: int,
     (existing blocks, for a refresh). Returns the token columns (documents only) and
     ``vectors``: every token's vector in float16 (what the segment writer in the driver
     stores through the database's codec; a stateful codec is trained there, once), in
-    token order.
+    token order. With ``index`` (documents only) the worker codes them itself: ``stored``
+    (the codec's rows) and the IVF entries (``ivf_labels``, ``ivf_lists``, ``ivf_codes``)
+    replace ``vectors``, so the driver only writes them.
     """
     t0, c0 = time.perf_counter(), time.process_time()
     if "texts" in piece:
@@ -80,7 +114,10 @@ def encode_piece(encoder: "Encoder", piece: dict, block_len: int,
         hidden.extend(encoder.encode_blocks(blocks[i:i + _ENCODE_WINDOW],
                                             batch_tokens=batch_tokens))
     h = np.concatenate(hidden) if hidden else np.zeros((0, encoder.hidden_size), np.float32)
-    out["vectors"] = cast(h, np.float16)
+    if index is not None and "flags" in out:
+        out.update(index.code(h, out["flags"]))
+    else:
+        out["vectors"] = cast(h, np.float16)
     out["stats"] = {"tokens": int(len(tokens)), "wall_s": time.perf_counter() - t0,
                     "cpu_s": time.process_time() - c0, "pid": os.getpid(),
                     "device": str(encoder.device)}
@@ -102,7 +139,8 @@ class _EncodeWorker:
     """A Ray Data actor: loads the encoder once, then encodes one piece per call."""
 
     def __init__(self, encoder_path: str, info: dict, block_len: int,
-                 device: str, threads: int, batch_tokens: int) -> None:
+                 device: str, threads: int, batch_tokens: int,
+                 index: dict | None = None) -> None:
         import torch
 
         from ..encoder import Encoder, EncoderInfo, fingerprint_dir
@@ -120,10 +158,12 @@ class _EncodeWorker:
         self.encoder = Encoder(path, device=device, info=enc_info)
         self.block_len = block_len
         self.batch_tokens = batch_tokens
+        self.index = None if index is None else PieceIndex(index["codec"], index["template"],
+                                                           self.encoder.hidden_size)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         out = [_pack_piece(encode_piece(self.encoder, _unpack_piece(bytes(p)), self.block_len,
-                                        self.batch_tokens))
+                                        self.batch_tokens, self.index))
                for p in batch["payload"]]
         res = np.empty(len(out), dtype=object)
         res[:] = out
