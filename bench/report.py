@@ -243,6 +243,17 @@ def scale_section(results_dir: Path = RESULTS) -> list[str]:
         out += ["", head, "", "`python -m bench.corpus_size` (the same settings at growing "
                 "corpus sizes, each database measured in a fresh process, rounds in turn):",
                 "", body.strip()]
+    for p in sorted(results_dir.glob("shards-*.md")):
+        head, body = p.read_text(encoding="utf-8").rstrip().split("\n", 1)
+        out += ["", head, "", "`python -m bench.shards` (one process, then 1, 2 and 4 Ray "
+                "shards on this machine's cores; what bounds it: docs/SCALE.md section 5), "
+                "its own run:", "", body.strip()]
+    path = results_dir / "scale-ray-ivf.md"
+    if path.exists():
+        body = path.read_text(encoding="utf-8").rstrip().split("\n", 1)[1].strip()
+        out += ["", "## Ray ingest into an IVF database: the index coded by the workers or "
+                "the driver", "", "`python -m bench.scale --ivf --workers 2 --name "
+                "scale-ray-ivf`, its own run:", "", body]
     replays = sorted(results_dir.glob("replay-*.md"))
     if replays:
         out += ["", "## Replayed large databases", "",

@@ -79,21 +79,40 @@ def ingest_local(docs: list[dict], work: Path) -> dict:
             "cpu_s": cpu, "load": [load0, _load()]}
 
 
-def ingest_ray(docs: list[dict], work: Path, workers: int, cpus_per_worker: float) -> dict:
+def ingest_ray(docs: list[dict], work: Path, workers: int, cpus_per_worker: float,
+               seed: list[dict] | None = None, worker_coding: bool = True) -> dict:
+    """A Ray add of ``docs``. With ``seed``: into an ivf + int4 database whose template a
+    local add of ``seed`` trained first (not timed), the IVF coded by the workers or, with
+    ``worker_coding=False``, by the driver."""
     import npmdb
     from npmdb.distributed import RayEngine
+    from npmdb.ingest import ray as ray_ingest
 
     path = work / f"ray{workers}"
     eng = RayEngine(workers=workers, cpus_per_worker=cpus_per_worker)
-    with npmdb.open(path, progress=False) as db:
-        db.encoder_for(0)  # the driver's copy (for the encoder's path); not ingest
-        load0, t0, c0 = _load(), time.perf_counter(), time.process_time()
-        db.add(docs, engine=eng)
-        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-        st = db.stats()
+    kw = {} if seed is None else {"index": "ivf", "codec": "int4"}
+    saved = ray_ingest._worker_index
+    if not worker_coding:
+        ray_ingest._worker_index = lambda writer, gen: None
+    try:
+        with npmdb.open(path, progress=False, **kw) as db:
+            if seed is not None:
+                db.add(seed)
+            tokens0 = db.stats()["tokens"] if seed is not None else 0
+            db.encoder_for(0)  # the driver's copy (for the encoder's path); not ingest
+            load0, t0, c0 = _load(), time.perf_counter(), time.process_time()
+            db.add(docs, engine=eng)
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+            st = db.stats()
+            st["tokens"] -= tokens0
+    finally:
+        ray_ingest._worker_index = saved
     shutil.rmtree(path, ignore_errors=True)
     rep = dict(eng.report)
-    return {"engine": f"ray x{workers}", "workers": workers, "cpus_per_worker": cpus_per_worker,
+    name = f"ray x{workers}" + ("" if seed is None else
+                                " ivf coded by " + ("workers" if worker_coding else "driver"))
+    return {"engine": name, "workers": workers, "cpus_per_worker": cpus_per_worker,
+            "indexed_by_workers": rep.get("pieces_indexed_by_workers", 0),
             "tokens": st["tokens"], "wall_s": wall, "tok_s": st["tokens"] / wall,
             "driver_cpu_s": cpu, "worker_cpu_s": rep.get("worker_cpu_s"),
             "worker_encode_wall_s": rep.get("worker_wall_s"), "pieces": rep.get("pieces"),
@@ -247,6 +266,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-ray", action="store_true")
     ap.add_argument("--no-gpu", action="store_true")
     ap.add_argument("--name", default="scale")
+    ap.add_argument("--ivf", action="store_true",
+                    help="Ray adds into a trained ivf + int4 database, the index coded by the "
+                         "workers and by the driver (only these runs)")
     args = ap.parse_args(argv)
 
     corpus = load_jsonl(args.data / "corpus.jsonl.gz")
@@ -270,10 +292,21 @@ def main(argv=None) -> int:
             out["ray_version"] = ray.__version__
             try:
                 for w in args.workers:
+                    if args.ivf:  # a seed of other documents trains the template
+                        seed = corpus[1::step][: max(1000, args.docs // 2)]
+                        for coded in (True, False):
+                            out["runs"].append(ingest_ray(docs, work, w, max(1.0, cores / w),
+                                                          seed, coded))
+                            print("ray", out["runs"][-1], flush=True)
+                        continue
                     out["runs"].append(ingest_ray(docs, work, w, max(1.0, cores / w)))
                     print("ray", out["runs"][-1], flush=True)
             finally:
                 ray.shutdown()
+        if args.ivf:
+            write_result(args.name, out, render(out))
+            print(render(out))
+            return 0
         out["stages"] = stages(docs, work, queries)
         print("stages", out["stages"], flush=True)
         out["gpu"] = None if args.no_gpu else gpu(docs, queries)

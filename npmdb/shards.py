@@ -101,13 +101,14 @@ class RayShards:
     """One Ray actor per shard. ``address``: passed to ``ray.init`` when Ray is not running
     yet (None: ``RAY_ADDRESS`` or a new local cluster, shut down with this set);
     ``cpus``: CPUs each actor reserves (None: one, or an equal part of the cluster's CPUs
-    where it has fewer than ``n``); ``timeout``: seconds a request may take."""
+    where it has fewer than ``n``); ``timeout``: seconds a request may take;
+    ``concurrency``: requests a shard serves at once (each in its own snapshot)."""
 
     engine = "ray"
 
     def __init__(self, path: str | os.PathLike, n: int, options: dict | None = None, *,
                  address: str | None = None, cpus: float | None = None,
-                 timeout: float | None = 600.0) -> None:
+                 timeout: float | None = 600.0, concurrency: int = 4) -> None:
         from .ingest.ray_workers import import_ray
 
         self.ray = ray = import_ray()
@@ -122,7 +123,10 @@ class RayShards:
         self.cpus = cpus
         # a killed actor process is started again by Ray; the exchange's requests are
         # reads, so Ray may run one again on the new process
-        self._actor = ray.remote(num_cpus=cpus, max_restarts=-1, max_task_retries=2)(ShardServer)
+        # several requests at once per shard (queries from several threads): the server's
+        # read-only handle opens one snapshot per request
+        self._actor = ray.remote(num_cpus=cpus, max_restarts=-1, max_task_retries=2,
+                                 max_concurrency=concurrency)(ShardServer)
         self.actors: list[Any] = [None] * n
         self.restarts = 0
         try:

@@ -84,6 +84,27 @@ def test_replay_and_corpus_size_scale_step(tiny_data, tiny_encoder, tmp_path, sa
     assert "| big | " in render(out).replace("| big |", "| big | ")
 
 
+def test_shards_bench_step(tiny_data, tiny_encoder, tmp_path, sample_corpus):
+    """bench.shards: one process and sharded handles answer the same queries; the table
+    and the stage times render (in-process shards here: the Ray ones are in
+    tests/test_shards.py)."""
+    import npmdb
+    from bench.common import machine
+    from bench.shards import render, run
+
+    path = tmp_path / "db"
+    with npmdb.open(path, encoder=tiny_encoder, progress=False) as db:
+        db.add(sample_corpus[:150])
+        db.add(sample_corpus[150:300])
+    out = run(path, tiny_data, [2], "local", 3, 2, 32, 1, log=lambda m: None)
+    one, two = out["rows"]
+    assert one["shards"] == 0 and two["shards"] == 2 and out["segments"] == 2
+    assert two["latency"]["p50"] > 0 and two["qps"] > 0 and "Exchange" in two["stages"]
+    out["machine"] = machine()
+    md = render(out)
+    assert "| 2 | local |" in md and "Exchange" in md
+
+
 def test_report_renders_partial_results():
     """The report copes with a run whose steps failed or were skipped."""
     from bench.report import render, targets
