@@ -82,6 +82,35 @@ def test_held_out_split_is_a_stable_fifth(sample_corpus):
     assert held == [i for i in ids if sources.held_out(i)]      # deterministic
 
 
+def test_pair_reversals_give_each_dictionary_pair_its_other_direction():
+    docs = [
+        {"id": "freedict-ell-eng:1", "title": "Κιότο", "text": "Κιότο: Kyoto"},
+        {"id": "freedict-eng-jpn:2", "title": "エズラ",
+         "text": "エズラ, エズラ記: Ezra (Jewish high priest; book of the Bible)"},
+        {"id": "wn:1", "title": "Vulcan", "text": "Vulcan: (Roman mythology) god of fire"},
+        {"id": "freedict-eng-rus:3", "title": "Корея", "text": "no colon here"},
+        {"id": "freedict-eng-rus:4", "title": "Москва", "text": "Киев: Kiev"},
+    ]
+    rev = sources.pair_reversals(docs)
+    assert rev == [
+        {"id": "freedict-ell-eng:1:rev", "title": "Kyoto", "text": "Kyoto: Κιότο"},
+        {"id": "freedict-eng-jpn:2:rev", "title": "Ezra",
+         "text": "Ezra (Jewish high priest; book of the Bible): エズラ, エズラ記"},
+    ]
+
+
+def test_sample_corpus_pairs_occur_in_two_blocks_of_the_training_corpus(sample_corpus):
+    # every foreign word of a kept dev-small pair occurs in a second document, so NPM's
+    # masking can make it a target (translation was 0.0 without: never a target)
+    kept = [d for d in sample_corpus if not sources.held_out(d["id"])
+            and d["id"].startswith("freedict-")]
+    rev = {d["id"]: d for d in sources.pair_reversals(kept)}
+    assert kept and len(rev) == len(kept)
+    for d in kept:
+        head = d["text"].split(": ")[0]
+        assert rev[d["id"] + ":rev"]["text"].endswith(": " + head)
+
+
 def test_train_and_export_stages_ship_a_loadable_fp16_checkpoint(tiny_db_path, tmp_path):
     import npmdb
     from npmdb.encoder import Encoder, fingerprint_dir

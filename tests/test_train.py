@@ -305,6 +305,12 @@ def test_token_objective(db_copy):
     assert r.generation == report.head_generation
 
 
+def test_word_span_unit_trains_and_is_saved(db_copy):
+    report = npmdb.train(db_copy, steps=2, batch_blocks=6, span_unit="word", progress=False)
+    assert np.isfinite(report.final_loss) and report.spans_per_batch > 0
+    assert report.config["span_unit"] == "word"
+
+
 def test_grad_cache_training_runs(db_copy):
     report = npmdb.train(db_copy, steps=2, batch_blocks=8, grad_cache=True, chunk_tokens=512,
                          loss_chunk=256, progress=False)
@@ -342,6 +348,7 @@ def test_cli_train(db_copy, capsys):
     ({"steps": 2, "preset": "huge"}, "unknown preset"),
     ({"steps": 2, "grouping": "topics"}, "grouping must be one of"),
     ({"steps": 2, "context_negatives": True}, "needs exclude_repeats"),
+    ({"steps": 2, "span_unit": "char"}, "span_unit must be one of"),
 ])
 def test_bad_arguments(tiny_db, kwargs, match):
     with pytest.raises(ProgrammingError, match=match):

@@ -18,7 +18,7 @@ if importlib.util.find_spec("npmdb") is None:  # running from a checkout, not in
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from npmdb.errors import DataError, ProgrammingError  # noqa: E402
-from npmdb.train.masking import MaskedBatch, mask_spans, mask_tokens  # noqa: E402
+from npmdb.train.masking import MaskedBatch, mask_spans, mask_tokens, word_counts  # noqa: E402
 
 PAD, MASK, CLS, SEP = 0, 1, 2, 3
 IDS = dict(mask_id=MASK, cls_id=CLS, sep_id=SEP, pad_id=PAD)
@@ -376,3 +376,73 @@ def test_speed_reasonable_for_64_blocks_of_256():
     elapsed = time.perf_counter() - t0
     assert mb.num_spans > 64
     assert elapsed < 2.0
+
+
+# --------------------------------------------------------------------------- span_unit="word"
+
+# A dictionary pair in both directions, as the training corpus holds it: a Greek name that
+# BERT's vocabulary cuts into one piece a letter (7 tokens, one word), a colon, an English
+# name (1 token); and the reverse pair in another block.
+GREEK = [40, 41, 42, 43, 44, 45, 46]
+COLON, KYOTO = 50, 51
+
+
+def pair_blocks():
+    toks_a = GREEK + [COLON, KYOTO]
+    toks_b = [KYOTO, COLON] + GREEK
+    def flags(toks):
+        ws = [t == GREEK[0] or t == KYOTO for t in toks]   # the colon is no clean edge
+        we = [t == GREEK[-1] or t == KYOTO for t in toks]
+        return ws, we
+    (wa, ea), (wb, eb) = flags(toks_a), flags(toks_b)
+    return [toks_a, toks_b], [wa, wb], [ea, eb]
+
+
+def masked_words(mb):
+    return [tuple(t) for t in mb.span_tokens]
+
+
+def test_word_units_make_a_many_piece_word_in_a_short_block_a_target():
+    blocks, ws, we = pair_blocks()
+    tok_spans, word_spans = Counter(), Counter()
+    for seed in range(200):
+        tok_spans.update(masked_words(mask_spans(blocks, ws, we, [0, 1],
+                                                 rng=np.random.default_rng(seed), **IDS)))
+        mb = mask_spans(blocks, ws, we, [0, 1], rng=np.random.default_rng(seed),
+                        span_unit="word", **IDS)
+        word_spans.update(masked_words(mb))
+        # a word's positive is the whole word in the other block, never the own block
+        for m, (b, n) in enumerate(zip(mb.block.tolist(), mb.span_len.tolist())):
+            sel = (mb.pos_span == m).nonzero().flatten().tolist()
+            assert sel and all(int(mb.pos_block[k]) != b for k in sel)
+            assert all(int(mb.pos_end[k] - mb.pos_start[k]) + 1 == n for k in sel)
+    # in tokens the budget of a 9-token block is one token: the Greek word never fits
+    assert tok_spans[tuple(GREEK)] == 0
+    # in words each block masks one of its words: the Greek name about half the time
+    assert 120 < word_spans[tuple(GREEK)] < 280
+    assert word_spans[(KYOTO,)] > 100
+    assert set(word_spans) == {tuple(GREEK), (KYOTO,)}
+
+
+def test_word_units_budget_counts_words():
+    rng = np.random.default_rng(3)
+    blocks, ws, we, docs = realistic_batch(rng)
+    for seed in range(5):
+        mb = mask_spans(blocks, ws, we, docs, rng=np.random.default_rng(seed),
+                        span_unit="word", **IDS)
+        assert mb.num_spans > 0
+        for b in range(len(blocks)):
+            cw = word_counts(np.asarray(ws[b]), np.asarray(we[b]))
+            words = [int(cw[s + n] - cw[s]) for bb, s, n in
+                     zip(mb.block.tolist(), mb.span_start.tolist(), mb.span_len.tolist())
+                     if bb == b]
+            assert sum(words) <= max(1, math.floor(0.15 * int(cw[-1])))
+            assert all(1 <= w for w in words)
+
+
+def test_word_counts_and_bad_span_unit():
+    # words: [a] [b c] [d] where d follows an end flag without its own start flag
+    cw = word_counts(np.array([1, 1, 0, 0], bool), np.array([1, 0, 1, 0], bool))
+    assert cw.tolist() == [0, 1, 2, 2, 3]
+    with pytest.raises(ProgrammingError, match="span_unit"):
+        mask_spans([[5, 6]], rng=np.random.default_rng(0), span_unit="char", **IDS)

@@ -47,7 +47,10 @@ import torch
 
 from npmdb.errors import DataError, ProgrammingError
 
-__all__ = ["MaskedBatch", "mask_spans", "mask_tokens"]
+__all__ = ["MaskedBatch", "mask_spans", "mask_tokens", "word_counts", "SPAN_UNITS"]
+
+#: How span lengths and the masking budget are counted (``mask_spans(span_unit=...)``).
+SPAN_UNITS = ("token", "word")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -266,44 +269,92 @@ class _NgramIndex:
         return b[keep], s[keep]
 
 
+def _word_candidates(index: "_NgramIndex", b: int, cw: np.ndarray, w: int, max_n: int
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Block ``b``'s maskable spans of exactly ``w`` words (``cw``: running count of word
+    starts), of any number of tokens up to ``max_n``: (starts, groups, token lengths)."""
+    starts, groups, lens = [], [], []
+    for n in range(w, max_n + 1):
+        st, gr = index.cand[n][b]
+        if st.size:
+            sel = (cw[st + n] - cw[st]) == w
+            starts.append(st[sel])
+            groups.append(gr[sel])
+            lens.append(np.full(int(sel.sum()), n, np.int64))
+    if not starts:
+        empty = np.zeros(0, np.int64)
+        return empty, empty, empty
+    return np.concatenate(starts), np.concatenate(groups), np.concatenate(lens)
+
+
+def word_counts(ws: np.ndarray, we: np.ndarray) -> np.ndarray:
+    """Running count of word starts (``out[i]`` = words that start before token ``i``;
+    length ``len(ws) + 1``): a word starts at a token flagged as a start, after a token
+    flagged as an end, and at the block's first token."""
+    n = len(ws)
+    first = np.asarray(ws, dtype=bool).copy()
+    if n:
+        first[0] = True
+        first[1:] |= np.asarray(we, dtype=bool)[:-1]
+    return np.concatenate([[0], np.cumsum(first)]).astype(np.int64)
+
+
 def _mask(toks: list[np.ndarray], index: _NgramIndex, docs: tuple[Any, ...], *,
           mode: str, n_masks: int, sample_len: Callable[[], int], rng: np.random.Generator,
           mask_id: int, cls_id: int, sep_id: int, pad_id: int, mask_ratio: float,
           max_spans_per_block: int, max_ngram_count: int, min_gap: int, max_failures: int,
-          max_length: int | None) -> MaskedBatch:
+          max_length: int | None, word_counts: list[np.ndarray] | None = None,
+          max_span_len: int = 0) -> MaskedBatch:
+    """``word_counts`` (per block, the running count of word starts, length ``L + 1``):
+    span lengths and the budget are counted in words (``span_unit="word"``)."""
     B = len(toks)
     counts = np.zeros(index.n_groups, dtype=np.int64)
     chosen: list[list[tuple[int, int, int]]] = [[] for _ in range(B)]
     for b in rng.permutation(B).tolist():
         L = len(toks[b])
-        remaining = int(math.floor(mask_ratio * L + 1e-9))
+        cw = None if word_counts is None else word_counts[b]
+        if cw is None:
+            remaining = int(math.floor(mask_ratio * L + 1e-9))
+        else:  # at least one word of a block with two or more (short blocks: a pair)
+            words = int(cw[-1])
+            remaining = max(1, int(math.floor(mask_ratio * words + 1e-9))) if words >= 2 else 0
         masked = np.zeros(L, dtype=np.int64)
         cur_len = L + 2  # length of the masked sequence with [CLS] and [SEP]
         fails = 0
         taken = chosen[b]
         while remaining > 0 and len(taken) < max_spans_per_block and fails < max_failures:
-            n = sample_len()
-            if n > remaining or (max_length is not None and cur_len + n_masks - n > max_length):
-                fails += 1
-                continue
-            starts, groups = index.cand[n][b]
+            w = n = sample_len()
+            if cw is None:
+                if n > remaining:
+                    fails += 1
+                    continue
+                starts, groups = index.cand[n][b]
+                lens = np.full(starts.size, n, np.int64)
+            else:  # every candidate of ``w`` words, whatever its number of tokens
+                if w > remaining:
+                    fails += 1
+                    continue
+                starts, groups, lens = _word_candidates(index, b, cw, w, max_span_len)
+            if max_length is not None:
+                fit = cur_len + n_masks - lens <= max_length
+                starts, groups, lens = starts[fit], groups[fit], lens[fit]
             if starts.size == 0:
                 fails += 1
                 continue
             ok = counts[groups] < max_ngram_count
             c = np.concatenate([[0], np.cumsum(masked)])
             lo = np.maximum(starts - min_gap, 0)
-            hi = np.minimum(starts + n + min_gap, L)
+            hi = np.minimum(starts + lens + min_gap, L)
             ok &= (c[hi] - c[lo]) == 0
             idx = np.flatnonzero(ok)
             if idx.size == 0:
                 fails += 1
                 continue
             k = int(idx[rng.integers(idx.size)])
-            s, g = int(starts[k]), int(groups[k])
+            s, g, n = int(starts[k]), int(groups[k]), int(lens[k])
             masked[s:s + n] = 1
             counts[g] += 1
-            remaining -= n
+            remaining -= n if cw is None else w
             cur_len += n_masks - n
             taken.append((s, n, g))
             fails = 0
@@ -397,6 +448,7 @@ def mask_spans(
     boundary_positives: bool = True,
     max_failures: int = 25,
     max_length: int | None = None,
+    span_unit: str = "token",
 ) -> MaskedBatch:
     """NPM phrase-mode masking of a document-grouped batch (see the module docstring).
 
@@ -420,12 +472,22 @@ def mask_spans(
             no free candidate span existed (or it would overrun the budget).
         max_length: if given, no block's masked sequence (with [CLS]/[SEP]) grows beyond
             it (a 1-token span becomes two mask tokens, adding one position).
+        span_unit: ``"token"`` (NPM: lengths and the budget in tokens) or ``"word"``:
+            a span is ``Geometric(geometric_p)`` *words* of up to ``max_span_len``
+            tokens, and the budget is ``mask_ratio`` of the block's words, at least one
+            word in a block of two or more. A word that the tokenizer cuts into many
+            pieces (a Greek or Cyrillic name is one piece a letter under BERT's vocabulary)
+            is then drawn as often as a short one, and a short block (a dictionary pair,
+            "Κιότο: Kyoto") still gets a span: in tokens, a 5-piece word is drawn once in
+            32 spans and never fits a 15 % budget of a 12-token block.
 
     Returns:
         A :class:`MaskedBatch` with ``mode == "phrase"``.
     """
     _check_options(mask_ratio, max_span_len, max_spans_per_block, max_ngram_count,
                    min_gap, max_failures, geometric_p, max_length)
+    if span_unit not in SPAN_UNITS:
+        raise ProgrammingError(f"span_unit must be one of {SPAN_UNITS}, got {span_unit!r}")
     toks, ws, we, docs = _prepare(blocks, word_start, word_end, doc)
 
     def boundary(n: int, fws: np.ndarray, fwe: np.ndarray, i: np.ndarray, j: np.ndarray
@@ -446,7 +508,9 @@ def mask_spans(
                  mask_id=mask_id, cls_id=cls_id, sep_id=sep_id, pad_id=pad_id,
                  mask_ratio=mask_ratio, max_spans_per_block=max_spans_per_block,
                  max_ngram_count=max_ngram_count, min_gap=min_gap,
-                 max_failures=max_failures, max_length=max_length)
+                 max_failures=max_failures, max_length=max_length,
+                 word_counts=[word_counts(a, e) for a, e in zip(ws, we)]
+                 if span_unit == "word" else None, max_span_len=max_span_len)
 
 
 def mask_tokens(

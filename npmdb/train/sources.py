@@ -25,7 +25,7 @@ from typing import Iterable, Iterator
 from npmdb.errors import OperationalError
 
 __all__ = ["Source", "SOURCES", "held_out", "read_dictd", "read_wordnet", "read_fortunes",
-           "build"]
+           "pair_reversals", "build"]
 
 DICTD = Path("/usr/share/dictd")
 WORDNET = Path("/usr/share/wordnet")
@@ -193,6 +193,36 @@ def _freedict_pairs(lang: str) -> Iterator[dict]:
         yield {"id": f"freedict-eng-{lang}:{i}", "title": bh, "text": f"{bh}: {bt}"}
 
 
+#: Sample-corpus documents that are dictionary pairs ("HEAD: translation"), by id prefix.
+PAIR_PREFIXES = ("freedict-",)
+
+
+def pair_reversals(docs: Iterable[dict], prefixes: tuple[str, ...] = PAIR_PREFIXES
+                   ) -> list[dict]:
+    """The other direction of each dictionary pair among ``docs``: ``"Κιότο: Kyoto"``
+    gives ``"Kyoto: Κιότο"`` (id ``<id>:rev``, titled by the translation).
+
+    The sample corpus holds one direction of each Greek, Russian, Arabic and Japanese pair,
+    so each foreign word occurs in one block: NPM's masking (a span needs an occurrence in
+    another block) never makes it a target, every training batch shows its wordpieces only
+    as negatives, and the encoder learns to score them like punctuation (translation EM
+    0.0 in every mode). With the reverse in the corpus, both words of a pair are targets,
+    as with the packaged pairs (:func:`_freedict_pairs`). Only documents whose id starts
+    with one of ``prefixes``, whose text is ``HEAD: GLOSS`` with the title opening
+    ``HEAD``, are reversed."""
+    out = []
+    for d in docs:
+        if not str(d.get("id", "")).startswith(prefixes):
+            continue
+        head, sep, gloss = str(d.get("text", "")).partition(": ")
+        title = str(d.get("title") or "")
+        if not sep or not gloss.strip() or not title or not head.startswith(title):
+            continue
+        out.append({"id": f"{d['id']}:rev", "title": gloss.split(";")[0].split("(")[0].strip(),
+                    "text": f"{gloss.strip()}: {head.strip()}"})
+    return out
+
+
 def _sample(docs: Iterable[dict], count: int, rng: random.Random, pairs: bool = False
             ) -> list[dict]:
     docs = list(docs)
@@ -204,12 +234,15 @@ def _sample(docs: Iterable[dict], count: int, rng: random.Random, pairs: bool = 
     return docs[:count]
 
 
-def build(sample_docs: Iterable[dict], *, seed: int = 13, scale: float = 1.0
-          ) -> tuple[list[dict], dict]:
+def build(sample_docs: Iterable[dict], *, seed: int = 13, scale: float = 1.0,
+          reverse_pairs: bool = False) -> tuple[list[dict], dict]:
     """The training corpus and its manifest.
 
     ``sample_docs`` is the bundled sample corpus; its held-out fifth is dropped.
     ``scale`` multiplies every source's count (tests use a small one).
+    ``reverse_pairs``: add :func:`pair_reversals` of the kept sample documents (off: the
+    shipped checkpoint was made without; measured only as a continuation with
+    ``span_unit="word"``, bench/results/translation-dev-small-root-cause.md).
     """
     rng = random.Random(seed)
     sample = [d if isinstance(d, dict) else {"id": d.id, "title": d.title, "text": d.text}
@@ -228,9 +261,11 @@ def build(sample_docs: Iterable[dict], *, seed: int = 13, scale: float = 1.0
         "freedict": lambda: [d for lang in FREEDICT_LANGS
                              for d in _sample(_freedict_pairs(lang), per_lang, rng, pairs=True)],
     }
-    docs: list[dict] = list(kept)
+    reversed_pairs = pair_reversals(kept) if reverse_pairs else []
+    docs: list[dict] = list(kept) + reversed_pairs
     manifest = {"seed": seed, "scale": scale,
                 "sample": {"documents": len(kept), "held_out": len(sample) - len(kept),
+                           "reversed_pairs": len(reversed_pairs),
                            "licence": "see npmdb/data/README.md"},
                 "sources": {}}
     for src in SOURCES:

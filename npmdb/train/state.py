@@ -25,6 +25,7 @@ import numpy as np
 from npmdb.errors import OperationalError, ProgrammingError
 
 from .batches import GROUPINGS
+from .masking import SPAN_UNITS
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -88,6 +89,7 @@ class TrainConfig:
     log_every: int
     preset: str | None
     start_step: int = 0  # the saved run's step when resuming
+    span_unit: str = "token"  # masking: span lengths and budget in tokens (NPM) or words
 
     @property
     def warmup_steps(self) -> int:
@@ -101,7 +103,8 @@ class TrainConfig:
                     warmup=self.warmup, weight_decay=self.weight_decay,
                     max_grad_norm=self.max_grad_norm, mask_ratio=self.mask_ratio,
                     grouping=self.grouping, clean_edges=self.clean_edges,
-                    max_span_len=self.max_span_len, target_grad=self.target_grad,
+                    max_span_len=self.max_span_len, span_unit=self.span_unit,
+                    target_grad=self.target_grad,
                     freeze_embeddings=self.freeze_embeddings,
                     exclude_repeats=self.exclude_repeats,
                     context_negatives=self.context_negatives,
@@ -163,10 +166,14 @@ def resolve_config(args: Mapping[str, Any], *, preset: str | None,
                                "copy of the answer would become a negative)")
     objective, seed, grouping = args["objective"], args["seed"], args["grouping"]
     clean_edges, max_span_len = args["clean_edges"], args["max_span_len"]
+    span_unit = args.get("span_unit", "token")
     if s is not None:
         objective, seed = s["objective"], int(s["seed"])
         grouping, clean_edges = s["hyper"]["grouping"], bool(s["hyper"]["clean_edges"])
         max_span_len = int(s["hyper"]["max_span_len"])
+        span_unit = s["hyper"].get("span_unit", "token")  # runs saved before the option
+    if span_unit not in SPAN_UNITS:
+        raise ProgrammingError(f"span_unit must be one of {SPAN_UNITS}, got {span_unit!r}")
     if objective not in OBJECTIVES:
         raise ProgrammingError(f"unknown objective {objective!r}: use 'phrase' or 'token'")
     if grouping not in GROUPINGS:
@@ -196,7 +203,7 @@ def resolve_config(args: Mapping[str, Any], *, preset: str | None,
         clean_edges=clean_edges, max_span_len=max_span_len, grad_cache=args["grad_cache"],
         chunk_tokens=chunk_tokens, loss_chunk=loss_chunk, threads=threads,
         tag_prefix=args["tag_prefix"], log_every=log_every, preset=preset,
-        start_step=start_step)
+        start_step=start_step, span_unit=span_unit)
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:

@@ -64,6 +64,7 @@ def draw_batch(sampler: "BatchSampler", rng: np.random.Generator, cfg: TrainConf
                                             exclude_repeats=cfg.exclude_repeats)
         if cfg.objective == "phrase":
             mb = mask_spans(toks, ws, we, docs, max_span_len=cfg.max_span_len,
+                            span_unit=cfg.span_unit,
                             boundary_positives=not cfg.exclude_repeats, **special)
         else:
             mb = mask_tokens(toks, ws, we, docs, whole_words=cfg.clean_edges, **special)

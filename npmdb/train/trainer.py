@@ -63,6 +63,7 @@ def train(
     max_grad_norm: float | None = None,
     mask_ratio: float | None = None,
     max_span_len: int = 10,
+    span_unit: str = "token",
     clean_edges: bool = True,
     grad_cache: bool = False,
     target_grad: bool | None = None,
@@ -109,6 +110,10 @@ def train(
         weight_decay, max_grad_norm: AdamW decay (not on biases and LayerNorm) and the
             gradient-norm clip.
         mask_ratio, max_span_len: masking budget and the longest span (NPM: 0.15, 10).
+        span_unit: ``"token"`` (NPM) or ``"word"``: span lengths and the budget counted in
+            words, at least one word per block of two or more (see
+            :func:`npmdb.train.masking.mask_spans`), so a word the tokenizer cuts into
+            many pieces, or one in a short block, can be a target.
         clean_edges: mask only spans whose edges are valid phrase edges (no stopword or
             punctuation at either end) — the spans retrieval can return; False: any
             word-aligned span, as in NPM.
@@ -157,8 +162,8 @@ def train(
         target_grad=target_grad, freeze_embeddings=freeze_embeddings,
         exclude_repeats=exclude_repeats, context_negatives=context_negatives,
         refresh_every=refresh_every, objective=objective, seed=seed, grouping=grouping,
-        clean_edges=clean_edges, max_span_len=max_span_len, grad_cache=grad_cache,
-        chunk_tokens=chunk_tokens, loss_chunk=loss_chunk, threads=threads,
+        clean_edges=clean_edges, max_span_len=max_span_len, span_unit=span_unit,
+        grad_cache=grad_cache, chunk_tokens=chunk_tokens, loss_chunk=loss_chunk, threads=threads,
         tag_prefix=tag_prefix, log_every=log_every), preset=preset, saved=saved)
     if progress is None:
         progress = db.progress
