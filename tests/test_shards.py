@@ -37,11 +37,21 @@ def _build(path, encoder, docs, **kw):
     return path
 
 
-@pytest.fixture(scope="module", params=["hnsw", "ivf"])
-def sharded_db_path(request, tmp_path_factory, tiny_encoder, sample_corpus):
-    kw = {} if request.param == "hnsw" else dict(index="ivf", codec="int4")
-    return _build(tmp_path_factory.mktemp(f"shards-{request.param}") / "db", tiny_encoder,
-                  sample_corpus, **kw)
+@pytest.fixture(scope="module")
+def hnsw_db_path(tmp_path_factory, tiny_encoder, sample_corpus):
+    return _build(tmp_path_factory.mktemp("shards-hnsw") / "db", tiny_encoder, sample_corpus)
+
+
+@pytest.fixture(scope="module")
+def ivf_db_path(tmp_path_factory, tiny_encoder, sample_corpus):
+    """The large-corpus kind: int4 rows, IVF-PQ (approximate candidates re-scored)."""
+    return _build(tmp_path_factory.mktemp("shards-ivf") / "db", tiny_encoder, sample_corpus,
+                  index="ivf", codec="int4")
+
+
+@pytest.fixture(params=["hnsw", "ivf"])
+def sharded_db_path(request):
+    return request.getfixturevalue(f"{request.param}_db_path")
 
 
 def _answers(res):
@@ -81,15 +91,15 @@ def test_local_shards_answer_as_one_process(sharded_db_path):
         _check_all(one, many)
 
 
-def test_more_shards_than_segments(sharded_db_path):
-    with npmdb.open(sharded_db_path, readonly=True) as one, \
-            npmdb.open(sharded_db_path, readonly=True, engine="local", shards=7) as many:
+def test_more_shards_than_segments(hnsw_db_path):
+    with npmdb.open(hnsw_db_path, readonly=True) as one, \
+            npmdb.open(hnsw_db_path, readonly=True, engine="local", shards=7) as many:
         a, b = _same(one, many, lambda db: db.fill_mask(QUERIES[1], evidence=3))
         assert b.info["shards"]["segments"].count(0) == 2  # 5 segments over 7 shards
 
 
-def test_explain_analyze_shows_the_exchange_and_shard_times(sharded_db_path):
-    with npmdb.open(sharded_db_path, readonly=True, engine="local", shards=2) as db:
+def test_explain_analyze_shows_the_exchange_and_shard_times(ivf_db_path):
+    with npmdb.open(ivf_db_path, readonly=True, engine="local", shards=2) as db:
         res = db.fill_mask(QUERIES[0])
         plan = res.plan
         assert "Exchange (shards=2, engine=local)" in plan
@@ -101,10 +111,10 @@ def test_explain_analyze_shows_the_exchange_and_shard_times(sharded_db_path):
         assert any("Exchange" in str(r) for r in text)
 
 
-def test_shard_assignment_balances_tokens(sharded_db_path):
+def test_shard_assignment_balances_tokens(ivf_db_path):
     from npmdb.query.exchange import assign
 
-    with npmdb.open(sharded_db_path, readonly=True) as db, db.snapshot() as snap:
+    with npmdb.open(ivf_db_path, readonly=True) as db, db.snapshot() as snap:
         owned = assign(snap, 2)
         assert sorted(si for o in owned for si in o) == list(range(len(snap.segments)))
         load = [sum(snap.segments[si].record.tokens for si in o) for o in owned]
@@ -114,15 +124,15 @@ def test_shard_assignment_balances_tokens(sharded_db_path):
             snap.subset([0, 99])
 
 
-def test_sharded_handle_is_checked(sharded_db_path):
+def test_sharded_handle_is_checked(ivf_db_path):
     with pytest.raises(npmdb.ProgrammingError, match="readonly=True"):
-        npmdb.open(sharded_db_path, engine="local", shards=2)
+        npmdb.open(ivf_db_path, engine="local", shards=2)
     with pytest.raises(npmdb.ProgrammingError, match="shards must be a positive integer"):
-        npmdb.open(sharded_db_path, readonly=True, engine="local", shards=0)
+        npmdb.open(ivf_db_path, readonly=True, engine="local", shards=0)
     with pytest.raises(npmdb.ProgrammingError, match="needs shards=N"):
-        npmdb.open(sharded_db_path, readonly=True, engine="ray")
+        npmdb.open(ivf_db_path, readonly=True, engine="ray")
     with pytest.raises(npmdb.ProgrammingError, match="'ray' or 'local'"):
-        npmdb.open(sharded_db_path, readonly=True, engine="spark", shards=2)
+        npmdb.open(ivf_db_path, readonly=True, engine="spark", shards=2)
 
 
 def test_shards_read_the_version_the_query_names(tmp_path, tiny_encoder, sample_corpus):
@@ -150,9 +160,9 @@ def test_shards_read_the_version_the_query_names(tmp_path, tiny_encoder, sample_
 
 
 @pytest.mark.ray
-def test_ray_shards_answer_as_one_process(ray_cluster, sharded_db_path):
-    with npmdb.open(sharded_db_path, readonly=True) as one, \
-            npmdb.open(sharded_db_path, readonly=True, engine="ray", shards=2) as many:
+def test_ray_shards_answer_as_one_process(ray_cluster, ivf_db_path):
+    with npmdb.open(ivf_db_path, readonly=True) as one, \
+            npmdb.open(ivf_db_path, readonly=True, engine="ray", shards=2) as many:
         pids = many._shards.pids()
         assert len(set(pids)) == 2  # two worker processes
         _check_all(one, many)
@@ -160,13 +170,13 @@ def test_ray_shards_answer_as_one_process(ray_cluster, sharded_db_path):
 
 
 @pytest.mark.ray
-def test_ray_shard_killed_is_started_again(ray_cluster, sharded_db_path):
+def test_ray_shard_killed_is_started_again(ray_cluster, ivf_db_path):
     """A shard killed for good between queries is replaced and the next query answers
     whole; one killed during a query makes it answer whole or raise OperationalError."""
     import threading
 
-    with npmdb.open(sharded_db_path, readonly=True) as one, \
-            npmdb.open(sharded_db_path, readonly=True, engine="ray", shards=2) as many:
+    with npmdb.open(ivf_db_path, readonly=True) as one, \
+            npmdb.open(ivf_db_path, readonly=True, engine="ray", shards=2) as many:
         want = _answers(one.fill_mask(QUERIES[1], evidence=2))
         shards = many._shards
         ray_cluster.kill(shards.actors[0], no_restart=True)
