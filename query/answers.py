@@ -376,10 +376,16 @@ class Aggregate(Operator):
     alpha: float = 0.0
     children: tuple = ()
     top_n: int = 0  # > 0: build only the best top_n answers (planner: ORDER BY score LIMIT)
+    # answers whose folded text fails this are left out before the top_n are chosen (the
+    # planner's query-word filters, which read only the words of an answer's text: the
+    # FilterAnswers above them then keep every answer they get)
+    keep_text: Callable[[str], bool] | None = field(default=None, compare=False, repr=False)
+    keep_describe: str = ""
 
     def detail(self) -> str:
         return _fmt(group_by=self.group_by, alpha=self.alpha) + (
-            f", top_n={self.top_n}" if self.top_n else "")
+            f", top_n={self.top_n}" if self.top_n else "") + (
+            f" of those kept by: {self.keep_describe}" if self.keep_describe else "")
 
     def run(self, st: ExecState) -> Answers:
         occ = st.input(self, Occurrences)
@@ -387,12 +393,26 @@ class Aggregate(Operator):
             occ = widen_to_words(st.snapshot, occ)
         sf = surfaces_of(st, occ)
         keys = sf.group_keys(self.group_by)
-        groups = _make_groups(keys, sf.texts, np.asarray(occ.score, np.float64),
-                              occ.e - occ.s + 1, alpha=self.alpha, top_n=self.top_n)
+        scores, n_tokens = np.asarray(occ.score, np.float64), occ.e - occ.s + 1
+        st.info["answers"] = len(set(keys))
+        if self.keep_text is None:
+            groups = _make_groups(keys, sf.texts, scores, n_tokens, alpha=self.alpha,
+                                  top_n=self.top_n)
+        else:  # the occurrences of kept answers only; group members back to occ's rows
+            verdict: dict = {}
+            ok = np.fromiter((verdict[k] if k in verdict else
+                              verdict.setdefault(k, bool(self.keep_text(k))) for k in keys),
+                             dtype=bool, count=len(keys))
+            sel = np.flatnonzero(ok)
+            groups = _make_groups([keys[i] for i in sel.tolist()],
+                                  lambda idx: sf.texts(sel[np.asarray(idx, np.int64)].tolist()),
+                                  scores[sel], n_tokens[sel], alpha=self.alpha,
+                                  top_n=self.top_n)
+            for g in groups:
+                g.idx = sel[g.idx]
         if self.group_by == "document":
             for g in groups:
                 g.text = sf.doc_id(*g.key)
-        st.info["answers"] = len(set(keys))
         return Answers(groups, occ, st.info["answers"])
 
 

@@ -80,27 +80,36 @@ def _wrap(op: Operator, tail: Sequence[Operator]) -> Operator:
     return op
 
 
+def _all_of(checks: list[Callable[[str], bool]]) -> Callable[[str], bool]:
+    return lambda text: all(f(text) for f in checks)
+
+
 def plan_masked(spec: MaskedSpec, *, answer_filter: tuple[str, Callable] | None = None,
                 order: tuple[tuple[str, bool], ...] = (("score", True),),
                 tail: Sequence[Operator] = ()) -> Plan:
-    # Top-N pushdown: when answers are only ranked by score and cut, Aggregate builds just
-    # the best top + offset of them (every occurrence is still grouped and summed).
-    top_n = spec.top + spec.offset if (spec.top and answer_filter is None
-                                       and not spec.not_in_query
-                                       and not spec.no_query_words
-                                       and tuple(order) == (("score", True),)) else 0
-    op: Operator = Aggregate("word" if spec.mode == "token" and spec.group_by == "word"
-                             else spec.group_by, spec.alpha, children=(_candidates(spec),),
-                             top_n=top_n)
+    group_by = "word" if spec.mode == "token" and spec.group_by == "word" else spec.group_by
+    # the query-word filters read only the words of an answer's text
+    text_filters: list[tuple[str, Callable[[str], bool]]] = []
     if spec.not_in_query:
         grams = query_ngrams(spec.text, spec.max_len)
-        op = FilterAnswers("phrase not in the query",
-                           lambda g: words_of(g.text) not in grams, children=(op,))
+        text_filters.append(("phrase not in the query", lambda t: words_of(t) not in grams))
     if spec.no_query_words:
         content = query_content_words(spec.text)
-        op = FilterAnswers("no word of the query",
-                           lambda g: content.isdisjoint(words_of(g.text).split()),
-                           children=(op,))
+        text_filters.append(("no word of the query",
+                             lambda t: content.isdisjoint(words_of(t).split())))
+    # Top-N pushdown: when answers are only ranked by score and cut, Aggregate builds just
+    # the best top + offset of them (every occurrence is still grouped and summed). The
+    # query-word filters then run in Aggregate on the grouping keys (a folded text has the
+    # words of its answer's text) before the best are chosen; FilterAnswers above keeps
+    # what it gets.
+    pushdown = bool(spec.top) and answer_filter is None and tuple(order) == (("score", True),) \
+        and (not text_filters or group_by in ("phrase", "word"))
+    keep = _all_of([f for _, f in text_filters]) if pushdown and text_filters else None
+    op: Operator = Aggregate(group_by, spec.alpha, children=(_candidates(spec),),
+                             top_n=spec.top + spec.offset if pushdown else 0, keep_text=keep,
+                             keep_describe="; ".join(d for d, _ in text_filters) if keep else "")
+    for describe, f in text_filters:
+        op = FilterAnswers(describe, lambda g, f=f: f(g.text), children=(op,))
     if answer_filter is not None:
         op = FilterAnswers(answer_filter[0], answer_filter[1], children=(op,))
     op = OrderBy(order, children=(op,))

@@ -96,3 +96,26 @@ def test_per_segment_waits_for_every_task_before_raising():
     with pytest.raises(ValueError, match="segment 0 failed"):
         per_segment(fn, 2)
     assert ended == [1]
+
+
+@pytest.mark.parametrize("kw", [{}, {"retrieval": "bm25"}, {"mode": "token", "group_by": "word"},
+                                {"offset": 3}])
+def test_query_word_filters_pushed_into_aggregate_keep_the_answers(two_segments, kw):
+    """The query-word filters run on the grouping keys inside Aggregate, before its top-n:
+    the same answers (scores, support, evidence) as filtering every answer after it."""
+    from npmdb.query.executor import execute
+    from npmdb.query.planner import plan_masked
+    from npmdb.query.spec import MaskedSpec
+
+    with npmdb.open(two_segments, readonly=True, progress=False) as db:
+        for q in QUERIES + ["Salem is the capital of [MASK] in Salem."]:
+            spec = MaskedSpec(q, top=5, evidence=2, **kw)
+            pushed = plan_masked(spec)
+            after = plan_masked(spec, answer_filter=("every answer", lambda g: True))
+            assert "of those kept by" in pushed.explain()
+            assert "of those kept by" not in after.explain()
+            with db._context() as ctx:
+                a, b = execute(pushed, ctx), execute(after, ctx)
+            assert [(x.text, x.score, x.support, x.evidence) for x in a.answers] == \
+                [(x.text, x.score, x.support, x.evidence) for x in b.answers]
+            assert a.info["answers"] == b.info["answers"]
