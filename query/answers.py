@@ -399,11 +399,7 @@ class Aggregate(Operator):
             groups = _make_groups(keys, sf.texts, scores, n_tokens, alpha=self.alpha,
                                   top_n=self.top_n)
         else:  # the occurrences of kept answers only; group members back to occ's rows
-            verdict: dict = {}
-            ok = np.fromiter((verdict[k] if k in verdict else
-                              verdict.setdefault(k, bool(self.keep_text(k))) for k in keys),
-                             dtype=bool, count=len(keys))
-            sel = np.flatnonzero(ok)
+            sel = np.flatnonzero(self._kept(keys, scores))
             groups = _make_groups([keys[i] for i in sel.tolist()],
                                   lambda idx: sf.texts(sel[np.asarray(idx, np.int64)].tolist()),
                                   scores[sel], n_tokens[sel], alpha=self.alpha,
@@ -414,6 +410,25 @@ class Aggregate(Operator):
             for g in groups:
                 g.text = sf.doc_id(*g.key)
         return Answers(groups, occ, st.info["answers"])
+
+    def _kept(self, keys: list, scores: np.ndarray) -> np.ndarray:
+        """Per occurrence: is its answer kept by ``keep_text``? Ranked by summed score
+        (alpha 0), only answers down to the ``top_n``-th kept one are looked at."""
+        assert self.keep_text is not None
+        gid, distinct = S.group_keys(keys)
+        ok = np.zeros(len(distinct), dtype=bool)
+        if self.alpha or not self.top_n:
+            ok[:] = [bool(self.keep_text(k)) for k in distinct]
+            return ok[gid]
+        sums = np.bincount(gid, weights=scores, minlength=len(distinct))
+        found = 0
+        for g in np.lexsort((np.arange(len(distinct)), -sums)).tolist():  # best first
+            if self.keep_text(distinct[g]):
+                ok[g] = True
+                found += 1
+                if found == self.top_n:
+                    break
+        return ok[gid]
 
 
 @dataclass(frozen=True)
