@@ -19,11 +19,13 @@ from typing import Any, Iterable, Iterator, Mapping
 from . import encoder as enc_mod
 from . import ingest
 from . import maintenance
+from .arguments import check_ref, check_text
 from .corpus import read_documents
 from .encoders import Encoders
 from .errors import InterfaceError, OperationalError, ProgrammingError
 from .progress import bar_factory
 from .result import Result
+from .shards import check_sharding, open_shards
 from .snapshot import Snapshot, history
 from .views import VersionView
 from npmdb.query.context import ExecContext
@@ -84,7 +86,7 @@ class Database:
         self.path = Path(path).expanduser().resolve()
         self._shards = None
         if engine is not None or shards is not None:
-            _check_sharding(engine, shards, readonly)
+            check_sharding(engine, shards, readonly)
         self.readonly = readonly
         self.timeout = timeout
         self.progress = progress
@@ -132,8 +134,6 @@ class Database:
                 if exists:
                     self._writer.recover_if_free()
             if shards is not None:
-                from .shards import open_shards
-
                 self._shards = open_shards(self.path, engine or "ray", shards,
                                            {"dense_params": self.dense_params})
         except BaseException:
@@ -260,7 +260,7 @@ class Database:
     def snapshot(self, version: int | str | None = None, doc_filter=None) -> Iterator[Snapshot]:
         """A consistent read view of ``version`` (HEAD by default)."""
         self._check_open()
-        _check_ref(version)
+        check_ref(version)
         with self.env.read(buffers=True) as txn:
             m = V.resolve(txn, self.env.dbs, version)
             segs = [self._readers.get(txn, s) for s in m.segments]
@@ -284,7 +284,7 @@ class Database:
         generation, the version history. A database without versions gives a context
         without a snapshot (SHOW VERSIONS lists nothing; a query says the database is empty)."""
         self._check_open()
-        _check_ref(version)
+        check_ref(version)
         if version is None:
             with self.env.read() as txn:
                 if V.get_meta(txn, self.env.dbs, "head") is None:
@@ -318,7 +318,7 @@ class Database:
 
     def run_masked(self, spec: MaskedSpec, **plan_args: Any) -> Result:
         split_mask(spec.text)  # fail fast on a query without exactly one mask
-        _check_text(spec.text, "the query")
+        check_text(spec.text, "the query")
         return self._run(plan_masked(spec, **plan_args), spec)
 
     def classify(self, query: str, labels: Mapping[str, str | Iterable[str]], *,
@@ -341,8 +341,8 @@ class Database:
 
     def run_classify(self, spec: ClassifySpec, **plan_args: Any) -> Result:
         split_mask(spec.text)
-        _check_text(spec.text, "the query")
-        _check_text(spec.labels, "a label")
+        check_text(spec.text, "the query")
+        check_text(spec.labels, "a label")
         with self._context(spec.version, spec.doc_filter) as ctx:
             # calibration: the template's label prior first, over the same version
             prior = classify_prior(spec, lambda plan: execute(plan, ctx))
@@ -358,8 +358,8 @@ class Database:
         from npmdb.query import sql
 
         self._check_open()
-        _check_text(text, "the statement")
-        _check_text(params, "a parameter")
+        check_text(text, "the statement")
+        check_text(params, "a parameter")
         return sql.execute(text, params, self._context)
 
     def search(self, text: str, *, limit: int = 10, version: int | str | None = None,
@@ -369,7 +369,7 @@ class Database:
         retrieval does by default, ``bm25_title``)."""
         if not isinstance(text, str):
             raise ProgrammingError(f"search text must be a str, not {type(text).__name__}")
-        _check_text(text, "the search text")
+        check_text(text, "the search text")
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
             raise ProgrammingError(f"limit must be a non-negative integer, got {limit!r}")
         if not isinstance(title, bool):
@@ -383,7 +383,7 @@ class Database:
     def count(self, version: int | str | None = None) -> int:
         """Number of live documents at ``version`` (HEAD by default)."""
         self._check_open()
-        _check_ref(version)
+        check_ref(version)
         with self.env.read() as txn:
             if version is None and V.head(txn, self.env.dbs) is None:
                 return 0
@@ -501,11 +501,11 @@ class Database:
     def tag(self, name: str, version: int | str | None = None) -> int:
         """Name a version (HEAD by default); returns its id."""
         if isinstance(name, str):
-            _check_text(name, "the tag name")
+            check_text(name, "the tag name")
             if len(name.encode()) > 400:
                 raise ProgrammingError(f"tag names are at most 400 bytes (UTF-8), got "
                                        f"{len(name.encode())}")
-        _check_ref(version)
+        check_ref(version)
         writer = self._writing()
         with writer.hold():
             def txn_fn(txn):
@@ -521,7 +521,7 @@ class Database:
 
     def restore(self, ref: int | str, *, message: str = "") -> int:
         """Commit a new version equal to version ``ref`` (no data is copied)."""
-        _check_ref(ref)
+        check_ref(ref)
         return maintenance.restore(self._writing(), ref, message)
 
     def diff(self, a: int | str, b: int | str | None = None) -> maintenance.Diff:
@@ -585,44 +585,3 @@ def _index_kind(index: Any) -> str:
         raise ProgrammingError(f"unknown index kind {index!r}: choose one of "
                                f"{sorted(INDEX_NAMES)}")
     return INDEX_NAMES[index]
-
-
-def _check_sharding(engine: Any, shards: Any, readonly: bool) -> None:
-    """``engine=`` / ``shards=`` of a sharded read-only handle (npmdb.shards)."""
-    if shards is None:
-        raise ProgrammingError(f"engine={engine!r} needs shards=N (the number of shards to "
-                               "spread the segments over)")
-    if not isinstance(shards, int) or isinstance(shards, bool) or shards < 1:
-        raise ProgrammingError(f"shards must be a positive integer, got {shards!r}")
-    if engine is not None and engine not in ("local", "ray"):
-        raise ProgrammingError(f"engine must be 'ray' or 'local' for sharded search, got "
-                               f"{engine!r}")
-    if not readonly:
-        raise ProgrammingError("sharded search reads only: open with readonly=True (write "
-                               "through another handle; shards see each new version)")
-
-
-def _check_ref(ref: Any) -> None:
-    """Version ids are u64 keys: a negative or huge id is no version (not an overflow)."""
-    if isinstance(ref, int) and not isinstance(ref, bool) and not 0 <= ref < 2 ** 63:
-        raise ProgrammingError(f"no version {ref}: version ids are integers >= 0; see "
-                               "db.versions() for the versions that exist")
-
-
-def _check_text(value: Any, what: str) -> None:
-    """Strings with lone surrogates cannot be encoded (tokenizer, LMDB keys): say so."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise ProgrammingError(
-                f"{what} contains a lone surrogate U+{ord(value[exc.start]):04X} at character "
-                f"{exc.start}, which is not valid Unicode text (was it decoded with "
-                "errors='surrogateescape'?)") from None
-    elif isinstance(value, Mapping):
-        for k, v in value.items():
-            _check_text(k, what)
-            _check_text(v, what)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            _check_text(v, what)

@@ -30,7 +30,7 @@ from typing import Any, Iterator
 
 from .errors import OperationalError, ProgrammingError
 
-__all__ = ["ShardServer", "LocalShards", "RayShards", "open_shards"]
+__all__ = ["ShardServer", "LocalShards", "RayShards", "open_shards", "check_sharding"]
 
 log = logging.getLogger(__name__)
 
@@ -191,6 +191,21 @@ def _ray_errors(what: str) -> Iterator[None]:
 
     with translate(what):
         yield
+
+
+def check_sharding(engine: Any, shards: Any, readonly: bool) -> None:
+    """``engine=`` / ``shards=`` of a sharded read-only handle (npmdb.shards)."""
+    if shards is None:
+        raise ProgrammingError(f"engine={engine!r} needs shards=N (the number of shards to "
+                               "spread the segments over)")
+    if not isinstance(shards, int) or isinstance(shards, bool) or shards < 1:
+        raise ProgrammingError(f"shards must be a positive integer, got {shards!r}")
+    if engine is not None and engine not in ("local", "ray"):
+        raise ProgrammingError(f"engine must be 'ray' or 'local' for sharded search, got "
+                               f"{engine!r}")
+    if not readonly:
+        raise ProgrammingError("sharded search reads only: open with readonly=True (write "
+                               "through another handle; shards see each new version)")
 
 
 def open_shards(path: Path, engine: str, shards: int, options: dict) -> Any:

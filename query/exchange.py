@@ -37,7 +37,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from npmdb.storage.bm25 import bm25_idf
+from npmdb.storage.bm25 import bm25_idf, term_counts
 
 from . import scoring as S
 from .answers import (
@@ -179,9 +179,9 @@ class Exchange(Operator):
                                                 (time.perf_counter() - t) * 1000.0, 0)))
         t0 = time.perf_counter()
         idf = None
-        bm25 = [j for j, op in enumerate(ops) if isinstance(op, BM25Blocks)]
-        if bm25 and len(snap.segments) > 1:
-            idf = self._idf(ops, bm25, ask("term_stats", {i: {"subtree": sub} for i in todo}),
+        bm25 = next((op for op in ops if isinstance(op, BM25Blocks)), None)
+        if bm25 is not None and len(snap.segments) > 1:
+            idf = self._idf(bm25, ask("term_stats", {i: {"subtree": sub} for i in todo}),
                             st.text)
         found = ask("retrieve", {i: {"subtree": sub, "qv": qv, "idf": idf} for i in todo})
         outputs = self._merge_retrieval(st, ops, qv, found)
@@ -192,9 +192,9 @@ class Exchange(Operator):
         else:
             per_shard = {i: {"subtree": sub, "qv": qv, "group_by": self.group_by,
                              "outputs": _restrict(outputs, owned[i])} for i in todo}
-            out = self._merge_spans(st, sub, ops, ask("spans", per_shard), qv, ctx, owned)
+            out = self._merge_spans(st, sub, ask("spans", per_shard), qv, ctx, owned)
             counts[0] = int(out.count)
-        self._record(st, ops, times, counts, len(todo))
+        self._record(st, ops, times, counts)
         st.info["shards"] = {"n": self.shards.n, "engine": self.shards.engine,
                              "segments": [len(o) for o in owned],
                              "ms": round((time.perf_counter() - t0) * 1000.0, 3)}
@@ -203,14 +203,13 @@ class Exchange(Operator):
     # merges ---------------------------------------------------------------------------
 
     @staticmethod
-    def _idf(ops: list[Operator], bm25: list[int], stats: list[dict], text: str) -> dict:
-        op = ops[bm25[0]]
-        assert isinstance(op, BM25Blocks)
-        terms = op.terms(text)
-        idf = {}
+    def _idf(op: BM25Blocks, stats: list[dict], text: str) -> dict:
+        """Global IDFs from the shards' block and term counts (summed, as
+        :func:`~npmdb.storage.bm25.global_idf` sums segments')."""
+        idf, n_terms = {}, len(op.terms(text))
         for f in op.fields:
             total = sum(r["stats"][f][0] for r in stats)
-            dfs = [sum(r["stats"][f][1][t] for r in stats) for t in range(len(terms))]
+            dfs = [sum(r["stats"][f][1][t] for r in stats) for t in range(n_terms)]
             idf[f] = [bm25_idf(df, total) for df in dfs]
         return idf
 
@@ -236,8 +235,8 @@ class Exchange(Operator):
                 outputs[j] = merged
         return outputs
 
-    def _merge_spans(self, st: ExecState, sub: Operator, ops: list[Operator], parts: list[dict],
-                     qv: dict, ctx: "_Request", owned: list[list[int]]) -> Occurrences:
+    def _merge_spans(self, st: ExecState, sub: Operator, parts: list[dict], qv: dict,
+                     ctx: "_Request", owned: list[list[int]]) -> Occurrences:
         seg = np.concatenate([p["seg"] for p in parts]) if parts else _empty(np.int64)
         order = np.argsort(seg, kind="stable")  # segment order, as one process has them
         cat = {name: np.concatenate([p[name] for p in parts])[order] if parts else
@@ -259,7 +258,7 @@ class Exchange(Operator):
         return replace(occ, score=score, surfaces=surfaces)
 
     def _record(self, st: ExecState, ops: list[Operator], times: dict[int, list[float]],
-                counts: dict[int, int], n: int) -> None:
+                counts: dict[int, int]) -> None:
         """EXPLAIN ANALYZE of the subtree: per operator the merged rows and the slowest
         shard's time, with every shard's time in its detail."""
         for j, op in enumerate(ops):
@@ -405,16 +404,8 @@ class ShardWork:
         """Block count and document frequency of each query term, per field, over this
         shard's segments (the coordinator sums them into global IDFs)."""
         op = next(o for o in subtree(sub) if isinstance(o, BM25Blocks))
-        terms = op.terms(self.text)
-        out = {}
-        for f in op.fields:
-            total, dfs = 0, [0] * len(terms)
-            for seg in self.snap.segments:
-                n, d = seg.bm25().term_stats(terms, f)
-                total += n
-                dfs = [a + b for a, b in zip(dfs, d)]
-            out[f] = (total, dfs)
-        return {"stats": out}
+        bm25 = [seg.bm25() for seg in self.snap.segments]
+        return {"stats": {f: term_counts(bm25, op.terms(self.text), f) for f in op.fields}}
 
     def retrieve(self, sub: Operator, qv: dict, idf: dict | None) -> dict:
         ops = subtree(sub)
@@ -434,8 +425,7 @@ class ShardWork:
                 assert isinstance(op, DenseTopK)
                 q = st.input(op, QueryVectors).side(op.side)
                 exact, approx, refine = _split_found(op.search(st, q))
-                part: dict[str, Any] = {"exact": self._g(exact), "kinds": op.kinds(st)
-                                        .split(", ") if self.snap.segments else []}
+                part: dict[str, Any] = {"exact": self._g(exact), "kinds": op.kinds(st)}
                 if approx:  # this shard's best refine * k, with their exact scores
                     top = _top_candidates(approx, op.k * refine)
                     part.update(approx=self._g(top), refine=refine,

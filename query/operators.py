@@ -405,10 +405,13 @@ class DenseTopK(Operator):
         exact, approx, refine = _split_found(self.search(st, q))
         if approx:  # re-score the global best refine * k, not refine * k per segment
             exact += self._rescore(st, q, _top_candidates(approx, self.k * refine))
-        return replace(_merge_topk(self.side, exact, self.k, qv), index=self.kinds(st))
+        return replace(_merge_topk(self.side, exact, self.k, qv),
+                       index=", ".join(self.kinds(st)))
 
-    def kinds(self, st: ExecState) -> str:
-        return ", ".join(sorted({seg.record.dense for seg in st.snapshot.segments}))
+    @staticmethod
+    def kinds(st: ExecState) -> list[str]:
+        """The dense index kinds of the snapshot's segments (EXPLAIN ANALYZE)."""
+        return sorted({seg.record.dense for seg in st.snapshot.segments})
 
     def search(self, st: ExecState, q: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray, int]]:
         """Every segment's ANN search: ``(segment, positions, scores, refine)``, in segment

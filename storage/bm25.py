@@ -13,7 +13,8 @@ from npmdb.errors import OperationalError
 
 from .paths import fsync_path
 
-__all__ = ["BlockDoc", "build_bm25", "BM25Index", "analyze", "bm25_idf", "global_idf", "FIELDS"]
+__all__ = ["BlockDoc", "build_bm25", "BM25Index", "analyze", "bm25_idf", "global_idf",
+           "term_counts", "FIELDS"]
 
 #: The text fields of a block's tantivy document (both indexed since the first format).
 FIELDS = ("text", "title")
@@ -138,13 +139,21 @@ def bm25_idf(df: int, n_docs: int) -> float:
     return math.log(1.0 + (n_docs - df + 0.5) / (df + 0.5))
 
 
-def global_idf(indexes: Sequence["BM25Index"], terms: Sequence[str], field: str = "text"
-               ) -> list[float]:
-    """IDF of each term in ``field`` over all ``indexes`` together, as one index over all
-    blocks."""
+def term_counts(indexes: Sequence["BM25Index"], terms: Sequence[str], field: str = "text"
+                ) -> tuple[int, list[int]]:
+    """Blocks, and blocks holding each term in ``field``, over all ``indexes`` together
+    (counts of disjoint parts add up: a sharded query sums its shards')."""
     total, dfs = 0, [0] * len(terms)
     for ix in indexes:
         n, d = ix.term_stats(terms, field)
         total += n
         dfs = [a + b for a, b in zip(dfs, d)]
+    return total, dfs
+
+
+def global_idf(indexes: Sequence["BM25Index"], terms: Sequence[str], field: str = "text"
+               ) -> list[float]:
+    """IDF of each term in ``field`` over all ``indexes`` together, as one index over all
+    blocks."""
+    total, dfs = term_counts(indexes, terms, field)
     return [bm25_idf(df, total) for df in dfs]

@@ -314,22 +314,30 @@ class SegmentWriter:
             return self.dense
         return IVF if self.corpus_tokens + self.n_tokens >= AUTO_IVF_TOKENS else "hnsw"
 
-    def ensure_template(self) -> bytes | None:
-        """The generation's IVF template, trained on this segment's vectors so far (and
-        saved) when there is none yet and they are enough; None while there is none."""
+    def ensure_template(self, vecs: np.ndarray | None = None) -> bytes | None:
+        """The generation's IVF template, trained on this segment's vectors so far (or
+        ``vecs``, those the caller has already gathered) and saved when there is none yet
+        and they are enough; None while there is none."""
         template = ivf.read_template(self.env, self.gen)
         if template is not None:
             return template
-        sides = self.index_vectors()
-        pos = np.concatenate([sides["start"][0], sides["end"][0]])
-        _, first = np.unique(pos, return_index=True)
-        if len(first) < ivf.MIN_TRAIN:
+        if vecs is None:
+            _, vecs = self._ivf_vectors()
+        if len(vecs) < ivf.MIN_TRAIN:
             return None
-        vecs = np.concatenate([sides["start"][1], sides["end"][1]])[first].astype(np.float32)
         template = ivf.train_template(vecs, self.params.ivf)
         self.env.write(lambda txn: txn.put(ivf.template_key(self.gen), F.pack(template),
                                            db=self.env.dbs["meta"]))
         return template
+
+    def _ivf_vectors(self) -> tuple[np.ndarray, np.ndarray]:
+        """The valid starts and ends (each token once, by position) as stored: positions
+        and float32 vectors, what the IVF file indexes."""
+        sides = self.index_vectors()
+        pos = np.concatenate([sides["start"][0], sides["end"][0]])
+        pos, first = np.unique(pos, return_index=True)
+        vecs = np.concatenate([sides["start"][1], sides["end"][1]])[first]
+        return pos, vecs.astype(np.float32)
 
     def _build_dense(self, target: Path) -> None:
         self.dense = self.kind()  # auto resolved by corpus size, recorded per segment
@@ -348,15 +356,11 @@ class SegmentWriter:
     def _build_ivf(self, target: Path) -> None:
         """One IVF file over the valid starts and ends (each token once), filled from the
         generation's template; the first segment big enough trains and saves it."""
-        sides = self.index_vectors()
-        pos = np.concatenate([sides["start"][0], sides["end"][0]])
-        vecs = np.concatenate([sides["start"][1], sides["end"][1]])
-        pos, first = np.unique(pos, return_index=True)
-        vecs = vecs[first].astype(np.float32)
+        pos, vecs = self._ivf_vectors()
         entries = ivf.Entries.concat(self._entries)
         n = len(pos) + (len(entries.labels) if entries is not None else 0)
         bar = self.progress(n, "index (ivf)", "vec")
-        template = self.ensure_template()
+        template = self.ensure_template(vecs)
         ivf.build_ivf(template, vecs, pos, target / f"g{self.gen}.{ivf.IVF_FILE}", entries)
         bar.update(n)
         bar.close()

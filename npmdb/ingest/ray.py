@@ -234,8 +234,8 @@ def _add(engine: RayEngine, writer: "Writer", encoders: "Encoders", docs: Any) -
         writer, str(Path(encoder.model.name_or_path).resolve()), encoder.info.to_dict()))
     planner = _Planner(writer, engine, writer.allocate_segment)
     open_segments: dict[int, "SegmentWriter"] = {}
-    ivf_add = _writes_ivf(writer)
-    index = _worker_index(writer, gen) if ivf_add else None
+    ivf_add = _ivf_codec(writer) is not None
+    index = _worker_index(writer, gen)
     coded = 0
 
     def finish(seg: int) -> None:
@@ -284,30 +284,29 @@ def _add(engine: RayEngine, writer: "Writer", encoders: "Encoders", docs: Any) -
 TRAIN_WAVE_CHARS = 4 << 20
 
 
-def _writes_ivf(writer: "Writer") -> bool:
-    """Every segment this add writes gets an IVF index (the database's kind, or ``auto``
-    over a corpus already past the threshold) in a codec a worker can apply."""
+def _ivf_codec(writer: "Writer") -> str | None:
+    """The codec a worker codes in when every segment this add writes gets an IVF index
+    (the database's kind, or ``auto`` over a corpus already past the threshold) and that
+    codec is stateless; None otherwise."""
     from npmdb.storage.codec import is_stateful
     from npmdb.storage.dense import AUTO, AUTO_IVF_TOKENS, IVF
 
     head = writer.head()
     corpus = int(head.stats.get("tokens", 0)) if head else 0
     dense = str(writer.config.get("dense", "hnsw"))
+    codec = writer.new_codec(corpus)
     big = dense == IVF or (dense == AUTO and corpus >= AUTO_IVF_TOKENS)
-    return big and not is_stateful(writer.new_codec(corpus))
+    return codec if big and not is_stateful(codec) else None
 
 
 def _worker_index(writer: "Writer", gen: int) -> dict | None:
     """What the workers code with (the codec and the generation's IVF template), or None
-    while the generation has no template."""
+    where they cannot or while the generation has no template."""
     from npmdb.storage import ivf
 
-    template = ivf.read_template(writer.env, gen)
-    if template is None:
-        return None
-    head = writer.head()
-    corpus = int(head.stats.get("tokens", 0)) if head else 0
-    return {"codec": writer.new_codec(corpus), "template": template}
+    codec = _ivf_codec(writer)
+    template = ivf.read_template(writer.env, gen) if codec is not None else None
+    return None if template is None else {"codec": codec, "template": template}
 
 
 def _reembed(engine: RayEngine, writer: "Writer", encoders: "Encoders",

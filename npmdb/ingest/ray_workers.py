@@ -26,7 +26,8 @@ from ..corpus import Document
 from ..errors import Error, NotSupportedError, OperationalError, ProgrammingError
 from .prepare import prepare
 from npmdb.storage import format as F
-from npmdb.storage.codec import cast
+from npmdb.storage import ivf
+from npmdb.storage.codec import Float16Codec, cast, get_codec, is_stateful
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..encoder import Encoder
@@ -59,9 +60,6 @@ class PieceIndex:
     segment's codec (a stateless one) and the generation's trained IVF template."""
 
     def __init__(self, codec: str, template: bytes, dim: int) -> None:
-        from npmdb.storage import ivf
-        from npmdb.storage.codec import get_codec, is_stateful
-
         if is_stateful(codec):
             raise ProgrammingError(f"a worker cannot code vectors in the stateful codec "
                                    f"{codec!r}")
@@ -71,14 +69,10 @@ class PieceIndex:
     def code(self, h: np.ndarray, flags: np.ndarray) -> dict[str, Any]:
         """Every token's row in the codec, and the IVF entries of the valid starts and
         ends (each once), exactly as the segment writer makes them from float16 vectors."""
-        from npmdb.storage import ivf
-        from npmdb.storage.codec import Float16Codec
-        from npmdb.storage.format import VALID_END, VALID_START
-
         x = cast(h, np.float16)
         stored = x if isinstance(self.codec, Float16Codec) else \
             self.codec.encode(cast(x, np.float32))
-        need = np.flatnonzero(flags & (VALID_START | VALID_END))
+        need = np.flatnonzero(flags & (F.VALID_START | F.VALID_END))
         vecs = self.codec.decode(stored[need]).astype(np.float16).astype(np.float32) \
             if len(need) else np.zeros((0, h.shape[1]), np.float32)
         e = ivf.encode_entries(self.index, vecs, need)

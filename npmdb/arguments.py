@@ -1,0 +1,36 @@
+"""Checks of the facade's arguments that several methods share: version references and
+text that must be valid Unicode (``npmdb.Database``)."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from .errors import ProgrammingError
+
+__all__ = ["check_ref", "check_text"]
+
+
+def check_ref(ref: Any) -> None:
+    """Version ids are u64 keys: a negative or huge id is no version (not an overflow)."""
+    if isinstance(ref, int) and not isinstance(ref, bool) and not 0 <= ref < 2 ** 63:
+        raise ProgrammingError(f"no version {ref}: version ids are integers >= 0; see "
+                               "db.versions() for the versions that exist")
+
+
+def check_text(value: Any, what: str) -> None:
+    """Strings with lone surrogates cannot be encoded (tokenizer, LMDB keys): say so."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ProgrammingError(
+                f"{what} contains a lone surrogate U+{ord(value[exc.start]):04X} at character "
+                f"{exc.start}, which is not valid Unicode text (was it decoded with "
+                "errors='surrogateescape'?)") from None
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            check_text(k, what)
+            check_text(v, what)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            check_text(v, what)
