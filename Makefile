@@ -51,7 +51,8 @@ bench: $(STAMP)
 # Rebuilds the shipped default encoder (npmdb/models/minilm-npm) from packaged text:
 # `npmdb.train.recipe` builds the corpus, trains the base on it, exports the checkpoint.
 ENCODER_PACKAGES := wordnet-base dict-gcide dict-foldoc dict-jargon dict-devil fortunes \
-	$(foreach l,deu fra ita spa nld swe,dict-freedict-$(l)-eng dict-freedict-eng-$(l))
+	$(foreach l,deu fra ita spa nld swe,dict-freedict-$(l)-eng dict-freedict-eng-$(l)) \
+	$(foreach p,eng-ell ell-eng eng-rus eng-jpn eng-ara ara-eng,dict-freedict-$(p))
 encoder-packages:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(ENCODER_PACKAGES); \

@@ -157,3 +157,44 @@ def test_the_shipped_encoder_is_the_default_and_matches_its_recorded_fingerprint
     assert enc.info.name == recipe.SHIPPED_NAME
     qv = enc.encode_query("Salem is the capital of [MASK].")
     assert qv.start.shape == (enc.info.hidden_size,) and np.isfinite(qv.start).all()
+
+
+def test_script_pairs_read_both_dictionary_directions(tmp_path):
+    write_dictd(tmp_path, "freedict-eng-ell", [
+        ("kabul", "Kabul /kəbul/\n\nΚαμπούλ\n"),
+        ("goods", "goods /ɡʊdz/ <n>\nαγαθά, εμπορεύματα\n"),
+        ("latin only", "latin only /x/\nnot greek\n"),            # no Greek side: skipped
+    ])
+    write_dictd(tmp_path, "freedict-ell-eng", [
+        ("Κιότο", "Κιότο /cˈoto/ <prop>\nKyoto\n"),
+        ("αγαθιάρης", "αγαθιάρης /ˌaɣaθiˈaris/ <adj>\n1. gullible\n2. naive\n"),
+    ])
+    got = list(sources.script_pairs("ell", tmp_path))
+    assert got == [("Καμπούλ", "Kabul"), ("αγαθά", "goods"), ("Κιότο", "Kyoto"),
+                   ("αγαθιάρης", "gullible")]
+
+
+def test_script_pair_documents_put_each_word_in_two_blocks_and_keep_sample_pairs_out(tmp_path):
+    import random
+
+    write_dictd(tmp_path, "freedict-eng-ell", [
+        ("kabul", "Kabul /kəbul/\n\nΚαμπούλ\n"), ("kyoto", "Kyoto /x/\n\nΚιότο\n"),
+        ("goods", "goods /ɡʊdz/ <n>\nαγαθά\n"),
+        ("long", "a long definition here /x/\nένα δύο τρία τέσσερα\n"),   # > 3 words
+    ])
+    write_dictd(tmp_path, "freedict-ell-eng", [])
+    sample = [{"id": "freedict-ell-eng:1", "title": "Κιότο", "text": "Κιότο: Kyoto"},
+              {"id": "wn:1", "title": "Goods", "text": "Goods: things"}]
+    exclude = sources.pair_words(sample)
+    assert exclude == {"κιότο", "kyoto"}          # dictionary pairs only, both sides
+    docs = sources.script_pair_documents("ell", 10, random.Random(0), exclude=exclude,
+                                         root=tmp_path)
+    texts = [d["text"] for d in docs]
+    # the name first, then the common word; each pair in the dictionary's form and an
+    # encyclopedia's, which names the language
+    assert texts == ["Καμπούλ: Kabul", "Kabul (Greek: Καμπούλ)",
+                     "αγαθά: goods", "goods (Greek: αγαθά)"]
+    assert len({d["id"] for d in docs}) == len(docs)
+    one = sources.script_pair_documents("ell", 1, random.Random(0), root=tmp_path)
+    assert [d["title"] for d in one] == ["Καμπούλ", "Kabul"] or \
+        [d["title"] for d in one] == ["Κιότο", "Kyoto"]

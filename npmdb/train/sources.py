@@ -24,8 +24,9 @@ from typing import Iterable, Iterator
 
 from npmdb.errors import OperationalError
 
-__all__ = ["Source", "SOURCES", "held_out", "read_dictd", "read_wordnet", "read_fortunes",
-           "pair_reversals", "build"]
+__all__ = ["Source", "SOURCES", "SCRIPT_LANGS", "held_out", "read_dictd", "read_wordnet",
+           "read_fortunes", "pair_reversals", "pair_words", "script_pairs",
+           "script_pair_documents", "build"]
 
 DICTD = Path("/usr/share/dictd")
 WORDNET = Path("/usr/share/wordnet")
@@ -54,6 +55,8 @@ SOURCES: tuple[Source, ...] = (
     Source("fortunes", "fortunes", "BSD-3-clause / public domain (fortune-mod data)", 1500),
     Source("freedict", "dict-freedict-{deu,fra,ita,spa,nld,swe}-eng and eng-*",
            "GPL-2+/GPL-3+/CC-BY-SA (FreeDict; per dictionary)", 3000),
+    Source("script_pairs", "dict-freedict-{eng-ell,ell-eng,eng-rus,eng-jpn,eng-ara,ara-eng}",
+           "GPL-2+/GPL-3+/CC-BY-SA (FreeDict; per dictionary)", 12000),
 )
 
 FREEDICT_LANGS = ("deu", "fra", "ita", "spa", "nld", "swe")
@@ -193,6 +196,104 @@ def _freedict_pairs(lang: str) -> Iterator[dict]:
         yield {"id": f"freedict-eng-{lang}:{i}", "title": bh, "text": f"{bh}: {bt}"}
 
 
+#: Languages written in another script, as the sample corpus's translation pairs are:
+#: code -> (name, FreeDict dictionaries whose headword is English, whose headword is
+#: the foreign word). Debian packages ``dict-freedict-<pair>``; Russian has no rus-eng.
+SCRIPT_LANGS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    "ell": ("Greek", ("freedict-eng-ell",), ("freedict-ell-eng",)),
+    "rus": ("Russian", ("freedict-eng-rus",), ()),
+    "jpn": ("Japanese", ("freedict-eng-jpn",), ()),   # jpn-eng is headed by kana readings
+    "ara": ("Arabic", ("freedict-eng-ara",), ("freedict-ara-eng",)),
+}
+_SCRIPT = {"ell": re.compile(r"[\u0370-\u03ff\u1f00-\u1fff]"),
+           "rus": re.compile(r"[\u0400-\u04ff]"),
+           "jpn": re.compile(r"[\u3040-\u30ff\u4e00-\u9fff]"),
+           "ara": re.compile(r"[\u0600-\u06ff]")}
+_ENGLISH = re.compile(r"^[A-Za-z][A-Za-z .'-]*$")
+_NUMBERED = re.compile(r"^\d+\.\s*")
+
+
+def _entry_lines(entry: str) -> tuple[str, list[str]]:
+    """A FreeDict entry's headword as written (pronunciation and part of speech gone) and
+    its translation lines."""
+    lines = [ln.strip() for ln in entry.split("\n")]
+    head = lines[0].split(" /")[0].split(" <")[0].strip()
+    return head, [_NUMBERED.sub("", ln) for ln in lines[1:] if ln and not ln.startswith("(")]
+
+
+def script_pairs(lang: str, root: Path = DICTD) -> Iterator[tuple[str, str]]:
+    """``(foreign, english)`` word pairs of :data:`SCRIPT_LANGS` ``lang``: the first
+    translation of each entry, the foreign side in its script, the English side plain
+    words (a name keeps its capital: "Kabul" / "Кабул")."""
+    _, eng_first, foreign_first = SCRIPT_LANGS[lang]
+    script = _SCRIPT[lang]
+
+    def first(items: list[str], ok) -> str:
+        for ln in items:
+            w = ln.split(",")[0].split(";")[0].strip()
+            if w and ok(w):
+                return w
+        return ""
+
+    is_foreign = lambda w: bool(script.search(w))            # noqa: E731
+    is_english = lambda w: bool(_ENGLISH.match(w))           # noqa: E731
+    for name, english_head in [(n, True) for n in eng_first] + [(n, False) for n in foreign_first]:
+        head_ok, translation_ok = (is_english, is_foreign) if english_head else (is_foreign,
+                                                                                 is_english)
+        for _, entry in read_dictd(name, root):
+            head, rest = _entry_lines(entry)
+            translation = first(rest, translation_ok)
+            if translation and head_ok(head):
+                yield (translation, head) if english_head else (head, translation)
+
+
+def script_pair_documents(lang: str, count: int, rng: random.Random, *,
+                          exclude: set[str] = frozenset(), names: set[str] | None = None,
+                          root: Path = DICTD) -> list[dict]:
+    """``count`` pairs of ``lang`` as two documents each, so both words are targets: the
+    dictionary's form (``"Кабул: Kabul"``, the sample corpus's) and an encyclopedia's
+    (``"Kabul (Russian: Кабул)"``, as articles name a word in another language).
+
+    Names are taken first: an English side with a capital, or, for a dictionary that
+    capitalises every headword (eng-ara), one in ``names``. Words and names of at most
+    three words only (no definitions). A pair either of whose sides is in ``exclude``
+    (case-folded: the sample corpus's pairs, so its held-out split stays unseen) is
+    skipped."""
+    language = SCRIPT_LANGS[lang][0]
+    seen: set[str] = set()
+    found, other = [], []
+    for foreign, eng in script_pairs(lang, root):
+        key = foreign.casefold()
+        if (key in seen or key in exclude or eng.casefold() in exclude
+                or len(foreign.split()) > 3 or len(eng.split()) > 3):
+            continue
+        seen.add(key)
+        is_name = eng in names if names is not None else eng[0].isupper()
+        (found if is_name else other).append((foreign, eng))
+    names_, words = found, other
+    rng.shuffle(names_)
+    rng.shuffle(words)
+    docs = []
+    for i, (foreign, eng) in enumerate((names_ + words)[:count]):
+        docs.append({"id": f"pairs-{lang}:{i}", "title": foreign, "text": f"{foreign}: {eng}"})
+        docs.append({"id": f"pairs-{lang}:{i}:en", "title": eng,
+                     "text": f"{eng} ({language}: {foreign})"})
+    return docs
+
+
+def pair_words(docs: Iterable[dict], prefixes: tuple[str, ...] = ("freedict-",)) -> set[str]:
+    """Case-folded words and names on either side of the dictionary pairs among ``docs``
+    (``"Κιότο: Kyoto"`` gives ``κιότο`` and ``kyoto``)."""
+    out: set[str] = set()
+    for d in docs:
+        if str(d.get("id", "")).startswith(prefixes):
+            head, _, gloss = str(d.get("text", "")).partition(": ")
+            for part in re.split(r"[,;()]", head + "," + gloss):
+                if part.strip():
+                    out.add(part.strip().casefold())
+    return out
+
+
 #: Sample-corpus documents that are dictionary pairs ("HEAD: translation"), by id prefix.
 PAIR_PREFIXES = ("freedict-",)
 
@@ -234,15 +335,26 @@ def _sample(docs: Iterable[dict], count: int, rng: random.Random, pairs: bool = 
     return docs[:count]
 
 
+def _script_sources(count: int, rng: random.Random, *, exclude: set[str]) -> list[dict]:
+    """``count`` documents of :func:`script_pair_documents`, an equal share per language
+    (eng-ara capitalises every headword: its names are those the other languages name)."""
+    per = max(1, count // (2 * len(SCRIPT_LANGS)))
+    names = {e for lang in SCRIPT_LANGS if lang != "ara"
+             for _, e in script_pairs(lang) if e[0].isupper()}
+    return [d for lang in SCRIPT_LANGS
+            for d in script_pair_documents(lang, per, rng, exclude=exclude,
+                                           names=names if lang == "ara" else None)]
+
+
 def build(sample_docs: Iterable[dict], *, seed: int = 13, scale: float = 1.0,
-          reverse_pairs: bool = False) -> tuple[list[dict], dict]:
+          reverse_pairs: bool = True) -> tuple[list[dict], dict]:
     """The training corpus and its manifest.
 
     ``sample_docs`` is the bundled sample corpus; its held-out fifth is dropped.
     ``scale`` multiplies every source's count (tests use a small one).
-    ``reverse_pairs``: add :func:`pair_reversals` of the kept sample documents (off: the
-    shipped checkpoint was made without; measured only as a continuation with
-    ``span_unit="word"``, bench/results/translation-dev-small-root-cause.md).
+    ``reverse_pairs``: add :func:`pair_reversals` of the kept sample documents, so each
+    of their foreign words occurs in two blocks and can be a training target
+    (bench/results/translation-dev-small-root-cause.md).
     """
     rng = random.Random(seed)
     sample = [d if isinstance(d, dict) else {"id": d.id, "title": d.title, "text": d.text}
@@ -260,6 +372,9 @@ def build(sample_docs: Iterable[dict], *, seed: int = 13, scale: float = 1.0,
         "fortunes": lambda: _sample(read_fortunes(), counts["fortunes"], rng),
         "freedict": lambda: [d for lang in FREEDICT_LANGS
                              for d in _sample(_freedict_pairs(lang), per_lang, rng, pairs=True)],
+        # every sample pair, held out or not, stays out of the packaged ones
+        "script_pairs": lambda: _script_sources(counts["script_pairs"], rng,
+                                                exclude=pair_words(sample)),
     }
     reversed_pairs = pair_reversals(kept) if reverse_pairs else []
     docs: list[dict] = list(kept) + reversed_pairs
