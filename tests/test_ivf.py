@@ -300,7 +300,7 @@ def test_queries_read_columns_in_place_and_check_them(ivf_path, tmp_path):
 
 
 def test_entries_coded_apart_fill_the_same_index(tmp_path):
-    """Vectors coded against a template elsewhere (a Ray worker's ``encode_entries``) and
+    """Vectors coded against a template elsewhere (a Ray worker's :class:`Coder`) and
     added as entries give the index ``add_with_ids`` gives: the same file, byte for byte."""
     from npmdb.storage import ivf
 
@@ -309,9 +309,33 @@ def test_entries_coded_apart_fill_the_same_index(tmp_path):
     t = ivf.train_template(x[:5000], ivf.IvfParams(nlist=32, m=8))
     labels = np.arange(4000, dtype=np.int64) * 3
     ivf.build_ivf(t, x[5000:], labels, tmp_path / "a.ivf")
-    e = ivf.encode_entries(ivf.load_template(t, 32), x[6500:], labels[1500:])
+    e = ivf.Coder(ivf.load_template(t, 32)).encode(x[6500:], labels[1500:])
     ivf.build_ivf(t, x[5000:6500], labels[:1500], tmp_path / "b.ivf", entries=e)
     assert (tmp_path / "a.ivf").read_bytes() == (tmp_path / "b.ivf").read_bytes()
     other = ivf.train_template(x[:5000], ivf.IvfParams(nlist=32, m=16))
     with pytest.raises(npmdb.OperationalError, match="another template"):
         ivf.build_ivf(other, x[:0], labels[:0], tmp_path / "c.ivf", entries=e)
+
+
+def test_the_coder_assigns_the_nearest_list_and_codes_as_faiss_does():
+    """The HNSW coarse assignment picks the exact quantiser's list for (nearly) every
+    vector, and the PQ codes are FAISS's own for that list."""
+    import faiss
+
+    from npmdb.storage import ivf
+
+    rng = np.random.default_rng(1)
+    centres = rng.standard_normal((300, 48)).astype(np.float32)
+    x = (centres[rng.integers(0, 300, 40000)]
+         + 0.3 * rng.standard_normal((40000, 48))).astype(np.float32)
+    index = ivf.load_template(ivf.train_template(x[:20000], ivf.IvfParams(nlist=512, m=8)), 48)
+    coder = ivf.Coder(index)
+    e = coder.encode(x[20000:], np.arange(20000))
+    _, exact = coder.ivf.quantizer.search(x[20000:], 1)
+    assert (e.lists == exact[:, 0]).mean() >= 0.99
+    raw = index.sa_encode(x[20000:])            # FAISS's own coding (exact assignment)
+    same = e.lists == exact[:, 0]
+    assert (raw[same, index.coarse_code_size():] == e.codes[same]).all()
+    again = ivf.Coder(ivf.load_template(faiss.serialize_index(index).tobytes(), 48))
+    f = again.encode(x[20000:], np.arange(20000))   # another process: the same entries
+    assert (f.lists == e.lists).all() and (f.codes == e.codes).all()

@@ -64,7 +64,7 @@ class PieceIndex:
             raise ProgrammingError(f"a worker cannot code vectors in the stateful codec "
                                    f"{codec!r}")
         self.codec = get_codec(codec)
-        self.index = ivf.load_template(template, dim)
+        self.coder = ivf.Coder(ivf.load_template(template, dim))
 
     def code(self, h: np.ndarray, flags: np.ndarray) -> dict[str, Any]:
         """Every token's row in the codec, and the IVF entries of the valid starts and
@@ -75,7 +75,7 @@ class PieceIndex:
         need = np.flatnonzero(flags & (F.VALID_START | F.VALID_END))
         vecs = self.codec.decode(stored[need]).astype(np.float16).astype(np.float32) \
             if len(need) else np.zeros((0, h.shape[1]), np.float32)
-        e = ivf.encode_entries(self.index, vecs, need)
+        e = self.coder.encode(vecs, need)
         return {"stored": stored, "ivf_labels": e.labels, "ivf_lists": e.lists,
                 "ivf_codes": e.codes}
 
