@@ -58,8 +58,13 @@ encoder-packages:
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(ENCODER_PACKAGES); \
 	else echo "install as root: apt-get install $(ENCODER_PACKAGES)"; fi
 
+# The Wikipedia sample of the focus corpus is read out of gensim's wheel (downloaded, not
+# installed; pinned so the text is the same every time).
 encoder: $(STAMP) encoder-packages
-	$(BIN)/python -m npmdb.train.recipe --out build/encoder
+	$(BIN)/pip install -q -e ".[encoder]"
+	$(BIN)/pip download -q --no-deps "gensim==4.4.0" -d build/wheels
+	$(BIN)/python -m npmdb.train.recipe --out build/encoder \
+		--wikipedia $$(ls build/wheels/gensim-4.4.0-*.whl | head -n 1)
 
 clean:
 	rm -rf $(VENV) *.egg-info demo.npmdb

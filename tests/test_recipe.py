@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import gzip
 import json
-import shutil
 
 import numpy as np
 import pytest
 
-from npmdb.errors import OperationalError
+from npmdb.errors import OperationalError, ProgrammingError
 from npmdb.train import recipe, sources
 
 B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
@@ -111,26 +110,35 @@ def test_sample_corpus_pairs_occur_in_two_blocks_of_the_training_corpus(sample_c
         assert rev[d["id"] + ":rev"]["text"].endswith(": " + head)
 
 
-def test_train_and_export_stages_ship_a_loadable_fp16_checkpoint(tiny_db_path, tmp_path):
-    import npmdb
+def test_train_focus_and_export_stages_ship_a_loadable_fp16_checkpoint(
+        tiny_encoder, sample_corpus, tmp_path):
+    """The recipe's stages after ``corpus`` (which reads Debian packages) on hand-made
+    corpora: the general stage from a base, the focus stage from its checkpoint, the
+    export of the focused one with both stages recorded."""
     from npmdb.encoder import Encoder, fingerprint_dir
 
-    path = tmp_path / "db"
-    shutil.copytree(tiny_db_path, path)
-    with npmdb.open(path, progress=False) as db:
-        rep = recipe.run_training(db, steps=2, batch_blocks=4, progress=False)
-        report = {"steps": rep.steps, "train_seconds": rep.train_seconds,
-                  "final_loss": rep.final_loss, "device": rep.device,
-                  "loss_curve": [list(x) for x in rep.loss_curve], "config": rep.config}
-        target = tmp_path / "shipped"
-        info = recipe.export(db, target, report=report, manifest={"documents": 600})
-    assert info["fingerprint"] == fingerprint_dir(target)
-    assert json.loads((target / "recipe.json").read_text())["steps"] == 2
+    out = tmp_path / "recipe"
+    recipe._write_jsonl(out / "corpus.jsonl.gz", sample_corpus[:300])
+    recipe._write_jsonl(out / "focus.jsonl.gz", sample_corpus[300:500])
+    (out / "corpus.json").write_text(json.dumps({"documents": 300, "focus": {"documents": 200}}))
+    target = tmp_path / "shipped"
+    assert recipe.main(["--out", str(out), "--stage", "train", "--base", str(tiny_encoder),
+                        "--steps", "2"]) == 0
+    with pytest.raises(ProgrammingError, match="report-focus.json is missing"):
+        recipe.main(["--out", str(out), "--stage", "export", "--export-to", str(target)])
+    assert recipe.main(["--out", str(out), "--stage", "focus", "--focus-steps", "3"]) == 0
+    assert recipe.main(["--out", str(out), "--stage", "export",
+                        "--export-to", str(target)]) == 0
+    rec = json.loads((target / "recipe.json").read_text())
+    assert rec["fingerprint"] == fingerprint_dir(target)
+    assert rec["steps"] == 5 and list(rec["stages"]) == ["general", "focus"]
+    assert [s for s, _ in rec["loss_curve"]][-1] == 5      # one curve over both stages
+    assert rec["corpus"]["focus"]["documents"] == 200
     from safetensors.numpy import load_file
     assert {a.dtype for a in load_file(target / "model.safetensors").values()
             if a.dtype.kind == "f"} == {np.dtype("float16")}
     enc = Encoder(target)
-    assert enc.info.name == recipe.SHIPPED_NAME
+    assert enc.info.name == recipe.SHIPPED_NAME and enc.info.hidden_size == 32
     assert enc.encode_query("Paris is the capital of [MASK].").start is not None
 
 
@@ -198,3 +206,30 @@ def test_script_pair_documents_put_each_word_in_two_blocks_and_keep_sample_pairs
     one = sources.script_pair_documents("ell", 1, random.Random(0), root=tmp_path)
     assert [d["title"] for d in one] == ["Καμπούλ", "Kabul"] or \
         [d["title"] for d in one] == ["Κιότο", "Kyoto"]
+
+
+def test_read_wikipedia_gives_plain_passages_cut_at_sentences(tmp_path):
+    import bz2
+    import zipfile
+
+    page = ('<page><title>{t}</title><ns>0</ns><id>{i}</id><revision><id>1</id>'
+            '<text xml:space="preserve">{x}</text></revision></page>')
+    body = ("'''Algiers''' is the [[capital city|capital]] of [[Algeria]].{{cite web|x=1}} "
+            "It lies on the Mediterranean coast of North Africa. " * 6).strip()
+    xml = ('<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/">'
+           + page.format(t="Algiers", i=7, x=body)
+           + page.format(t="Alger", i=8, x="#REDIRECT [[Algiers]]") + "</mediawiki>")
+    dump = tmp_path / "dump.xml.bz2"
+    dump.write_bytes(bz2.compress(xml.encode()))
+    got = list(sources.read_wikipedia(dump, max_words=40))
+    assert [d["id"] for d in got] == ["enwiki:7:0", "enwiki:7:1", "enwiki:7:2"]
+    assert all(d["title"] == "Algiers" for d in got)
+    assert got[0]["text"].startswith("Algiers is the capital of Algeria. It lies on")
+    assert all(len(d["text"].split()) <= 40 and d["text"].endswith(".") for d in got)
+    assert "[[" not in got[0]["text"] and "cite" not in got[0]["text"]
+    wheel = tmp_path / "gensim-0-py3-none-any.whl"        # read out of the wheel as well
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr(sources.WIKIPEDIA_MEMBER, dump.read_bytes())
+    assert list(sources.read_wikipedia(wheel, max_words=40)) == got
+    with pytest.raises(OperationalError, match="pip download --no-deps gensim"):
+        list(sources.read_wikipedia(tmp_path / "missing.whl"))

