@@ -173,7 +173,8 @@ def render(res: dict, plots: dict[str, str]) -> str:
             lines.append(f"Into a trained IVF with int4 rows (the large-corpus settings; the "
                          f"template trained by an untimed add of {ivf['warm_docs']} other "
                          f"documents): {ivf['add_tok_s']:.0f} tokens/s against "
-                         f"{ivf['encoder_tok_s']:.0f}; ratio {ivf['ratio']:.2f}.")
+                         f"{ivf['encoder_tok_s']:.0f}; ratio {ivf['ratio']:.2f}"
+                         + (f" (re-run alone {ing['ivf_ran']})." if "ivf_ran" in ing else "."))
         if main.get("stages_s"):
             lines.append(f"Full corpus ({main['tokens']} tokens, {main['tok_s']:.0f} tokens/s), "
                          f"seconds per stage: {_stages(main['stages_s'])}.")
