@@ -70,7 +70,22 @@ def open(path: str | os.PathLike, *, encoder: str | os.PathLike | None = None,
     the segments of the version each query reads over N Ray actors and merges their
     answers exactly (``engine="local"``: N shards in this process); see docs/SCALE.md.
     """
+    _check_open_options(options)
     return Database(path, encoder=encoder, create=create, readonly=readonly, **options)
+
+
+def _check_open_options(options: Mapping[str, Any]) -> None:
+    """An option ``Database`` does not take is a ProgrammingError with a suggestion (a
+    misspelt ``read_only=True`` would otherwise be a bare TypeError)."""
+    import difflib
+    import inspect
+
+    known = sorted(set(inspect.signature(Database.__init__).parameters) - {"self", "path"})
+    for name in options:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"known: {', '.join(known)}"
+            raise ProgrammingError(f"npmdb.open: unknown option {name!r}; {hint}")
 
 
 class Database:

@@ -310,6 +310,8 @@ def test_misuse_of_the_api(rw, base):
     with npmdb.open(base, readonly=True, progress=False) as ro:
         with pytest.raises(npmdb.OperationalError, match="read-only"):
             ro.add(["x"])
+    with pytest.raises(npmdb.ProgrammingError, match="did you mean 'readonly'"):
+        npmdb.open(base, read_only=True)
     rw.close()
     with pytest.raises(npmdb.InterfaceError):
         rw.fill_mask(Q)
