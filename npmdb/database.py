@@ -10,6 +10,7 @@ needs are written and fsynced.
 
 from __future__ import annotations
 
+import inspect
 import os
 import time
 from contextlib import contextmanager, suppress
@@ -19,7 +20,7 @@ from typing import Any, Iterable, Iterator, Mapping
 from . import encoder as enc_mod
 from . import ingest
 from . import maintenance
-from .arguments import check_ref, check_text
+from .arguments import check_names, check_ref, check_text
 from .corpus import read_documents
 from .encoders import Encoders
 from .errors import InterfaceError, OperationalError, ProgrammingError
@@ -70,22 +71,8 @@ def open(path: str | os.PathLike, *, encoder: str | os.PathLike | None = None,
     the segments of the version each query reads over N Ray actors and merges their
     answers exactly (``engine="local"``: N shards in this process); see docs/SCALE.md.
     """
-    _check_open_options(options)
+    check_names("npmdb.open", options, set(inspect.signature(Database).parameters) - {"path"})
     return Database(path, encoder=encoder, create=create, readonly=readonly, **options)
-
-
-def _check_open_options(options: Mapping[str, Any]) -> None:
-    """An option ``Database`` does not take is a ProgrammingError with a suggestion (a
-    misspelt ``read_only=True`` would otherwise be a bare TypeError)."""
-    import difflib
-    import inspect
-
-    known = sorted(set(inspect.signature(Database.__init__).parameters) - {"self", "path"})
-    for name in options:
-        if name not in known:
-            close = difflib.get_close_matches(name, known, n=1)
-            hint = f"did you mean {close[0]!r}?" if close else f"known: {', '.join(known)}"
-            raise ProgrammingError(f"npmdb.open: unknown option {name!r}; {hint}")
 
 
 class Database:

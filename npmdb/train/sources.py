@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from npmdb.errors import OperationalError
+from npmdb.errors import NotSupportedError, OperationalError
 
 __all__ = ["Source", "SOURCES", "SCRIPT_LANGS", "held_out", "read_dictd", "read_wordnet",
            "read_fortunes", "pair_reversals", "pair_words", "script_pairs",
@@ -215,7 +215,7 @@ def read_wikipedia(path: Path, max_words: int = 150) -> Iterator[dict]:
     try:
         import mwparserfromhell
     except ImportError as exc:
-        raise OperationalError("reading Wikipedia markup needs mwparserfromhell: "
+        raise NotSupportedError("reading Wikipedia markup needs mwparserfromhell: "
                                "pip install 'npmdb[encoder]'") from exc
     path = Path(path)
     if not path.exists():
