@@ -1,14 +1,13 @@
-"""Checks of the facade's arguments that several methods share: version references,
-text that must be valid Unicode, option names (``npmdb.Database``, ``npmdb.open``)."""
+"""Checks of the facade's arguments that several methods share: version references and
+text that must be valid Unicode (``npmdb.Database``)."""
 
 from __future__ import annotations
 
-import difflib
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 from .errors import ProgrammingError
 
-__all__ = ["check_ref", "check_text", "check_names"]
+__all__ = ["check_ref", "check_text"]
 
 
 def check_ref(ref: Any) -> None:
@@ -35,14 +34,3 @@ def check_text(value: Any, what: str) -> None:
     elif isinstance(value, (list, tuple)):
         for v in value:
             check_text(v, what)
-
-
-def check_names(where: str, options: Mapping[str, Any], known: Iterable[str]) -> None:
-    """An option ``where`` does not take is a ProgrammingError with the closest known name
-    (a misspelt ``read_only=True`` would otherwise be a bare TypeError)."""
-    known = sorted(known)
-    for name in options:
-        if name not in known:
-            close = difflib.get_close_matches(name, known, n=1)
-            hint = f"did you mean {close[0]!r}?" if close else f"known: {', '.join(known)}"
-            raise ProgrammingError(f"{where}: unknown option {name!r}; {hint}")

@@ -20,7 +20,7 @@ from typing import Any, Iterable, Iterator, Mapping
 from . import encoder as enc_mod
 from . import ingest
 from . import maintenance
-from .arguments import check_names, check_ref, check_text
+from .arguments import check_ref, check_text
 from .corpus import read_documents
 from .encoders import Encoders
 from .errors import InterfaceError, OperationalError, ProgrammingError
@@ -35,7 +35,8 @@ from npmdb.query.plan import Plan
 from npmdb.query.planner import (
     SEARCH_COLUMNS, classify_prior, plan_classify, plan_masked, plan_search,
 )
-from npmdb.query.spec import DEFAULT_K, ClassifySpec, DocFilter, MaskedSpec, check_options
+from npmdb.query.spec import (DEFAULT_K, ClassifySpec, DocFilter, MaskedSpec, check_names,
+                              check_options)
 from npmdb.query.text import split_mask
 from npmdb.storage import codec as C
 from npmdb.storage import format as F
@@ -71,7 +72,7 @@ def open(path: str | os.PathLike, *, encoder: str | os.PathLike | None = None,
     the segments of the version each query reads over N Ray actors and merges their
     answers exactly (``engine="local"``: N shards in this process); see docs/SCALE.md.
     """
-    check_names("npmdb.open", options, set(inspect.signature(Database).parameters) - {"path"})
+    check_names(options, set(inspect.signature(Database).parameters) - {"path"}, "npmdb.open")
     return Database(path, encoder=encoder, create=create, readonly=readonly, **options)
 
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 import difflib
 import math
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from npmdb.errors import ProgrammingError
 
-__all__ = ["MaskedSpec", "ClassifySpec", "DocFilter", "check_options", "DEFAULT_K"]
+__all__ = ["MaskedSpec", "ClassifySpec", "DocFilter", "check_options", "check_names", "DEFAULT_K"]
 
 MODES = ("phrase", "token")
 RETRIEVALS = ("dense", "bm25", "hybrid")
@@ -168,12 +168,19 @@ def _choice(spec, name: str, choices: tuple[str, ...]) -> None:
 
 def check_options(cls, options: Mapping[str, Any]) -> None:
     """Unknown keyword options get a clear error with a suggestion."""
-    known = {f.name for f in fields(cls)} - {"text", "labels"}
+    check_names(options, {f.name for f in fields(cls)} - {"text", "labels"})
+
+
+def check_names(options: Iterable[str], known: Iterable[str], where: str = "") -> None:
+    """A name outside ``known`` is a ProgrammingError with the closest known one (or the
+    list); ``where`` prefixes the message (``npmdb.open``: a misspelt ``read_only=True``
+    would otherwise be a bare TypeError)."""
+    known = sorted(known)
     for name in options:
         if name not in known:
-            close = difflib.get_close_matches(name, sorted(known), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(sorted(known))}"
-            raise ProgrammingError(f"unknown option {name!r}{hint}")
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(known)}"
+            raise ProgrammingError(f"{where + ': ' if where else ''}unknown option {name!r}{hint}")
 
 
 def with_options(spec, **changes):

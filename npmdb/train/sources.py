@@ -216,7 +216,7 @@ def read_wikipedia(path: Path, max_words: int = 150) -> Iterator[dict]:
         import mwparserfromhell
     except ImportError as exc:
         raise NotSupportedError("reading Wikipedia markup needs mwparserfromhell: "
-                               "pip install 'npmdb[encoder]'") from exc
+                                "pip install 'npmdb[encoder]'") from exc
     path = Path(path)
     if not path.exists():
         raise OperationalError(f"{path} is missing: `pip download --no-deps gensim` fetches "
