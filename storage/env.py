@@ -15,6 +15,8 @@ import lmdb
 
 from npmdb.errors import OperationalError
 
+from .mapped import MappedFile
+
 __all__ = ["Env", "SUBDBS"]
 
 T = TypeVar("T")
@@ -135,11 +137,14 @@ class Env:
                         f"{self.path} is already open read-only in this process; close that "
                         "handle before opening it for writing")
                 shared[2] += 1
-                self.env, self.dbs, self._gate = shared[0], shared[1], shared[4]
+                self.env, self.dbs, self._gate, self.mapped = shared[0], shared[1], \
+                    shared[4], shared[5]
                 return
             self._open(readonly, create)
             self._gate = _Gate(self.env.info()["map_size"])
-            _SHARED[self._key] = [self.env, self.dbs, 1, readonly, self._gate]
+            # write-once values (vector chunks, columns) read without py-lmdb's page touch
+            self.mapped = MappedFile(self.path / "data.mdb", self.env.stat()["psize"])
+            _SHARED[self._key] = [self.env, self.dbs, 1, readonly, self._gate, self.mapped]
 
     def _open(self, readonly: bool, create: bool) -> None:
         data = self.path / "data.mdb"

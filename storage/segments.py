@@ -92,13 +92,16 @@ class SegmentReader:
         self.codec = C.get_codec(record.codec, env=env)
         self._cols: SegmentColumns | None = None
         self._cols_checked = False  # the columns' CRCs were verified in this process
+        self._mapped_cols: SegmentColumns | None = None  # views of the file (located)
         self._bm25: BM25Index | None = None
         self._dense: dict[tuple[int, str], DenseIndex] = {}
         self._ivf: dict[int, IvfFile] = {}
         self._docs: OrderedDict[int, StoredDoc] = OrderedDict()
         self._views: dict[int, tuple[str, Any]] = {}  # text, view(text): see doc_view
         self._lock = threading.Lock()
-        self._verified: set[tuple[int, int]] = set()  # vector chunks whose CRC was checked
+        # vector chunks whose CRC was checked, by (generation, chunk): their file offset
+        # and length (npmdb.storage.mapped), or None where they could not be located
+        self._located: dict[tuple[int, int], tuple[int, int] | None] = {}
         self._doc_crcs: np.ndarray | None = None
 
     def _verify_files(self, rels, crc: bool = True) -> None:
@@ -137,20 +140,29 @@ class SegmentReader:
         them."""
         if self._cols is not None:
             return self._cols
+        if self._mapped_cols is not None:
+            return self._mapped_cols
         return self._read_columns(txn, copy=False)
 
     def _read_columns(self, txn, *, copy: bool) -> SegmentColumns:
         """Every column from ``txn`` (copied, or views of its pages), CRC-checked on this
-        process's first read."""
+        process's first read. Views of columns that can be located in the file are kept
+        (write-once: :mod:`npmdb.storage.mapped`) and serve every later snapshot."""
         check = not self._cols_checked
-        arrs = {}
+        arrs, located = {}, {}
         for name in COLUMNS:
             raw = txn.get(F.col_key(self.seg, name), db=self.env.dbs["segcols"])
             if raw is None:
                 raise OperationalError(f"segment {self.seg} is missing its {name!r} column")
             arr = F.unpack_array(raw, verify=check, what=f"segment {self.seg} {name}")
             arrs[name] = arr.copy() if copy else arr
+            if check and not copy and isinstance(raw, memoryview):
+                located[name] = self.env.mapped.locate(raw), len(raw)
         self._cols_checked = True
+        if located and all(off is not None for off, _ in located.values()):
+            self._mapped_cols = SegmentColumns(**{
+                name: F.unpack_array(self.env.mapped.view(off, n), what=f"segment {self.seg} "
+                                     f"{name}") for name, (off, n) in located.items()})
         return SegmentColumns(**arrs)
 
     # -- vectors ----------------------------------------------------------------------
@@ -180,20 +192,26 @@ class SegmentReader:
     def stored_chunk(self, txn, gen: int, ch: int) -> np.ndarray:
         """Vector chunk ``ch`` of generation ``gen`` as stored (the codec's rows), checked
         against its CRC the first time this process reads it."""
+        what = f"vectors g{gen} s{self.seg} c{ch}"
+        seen = (gen, ch) in self._located
+        at = self._located.get((gen, ch))
+        if at is not None:  # checked and located before: a view of the file, no page touch
+            return F.unpack_array(self.env.mapped.view(*at), what=what)
         raw = txn.get(F.vec_key(gen, self.seg, ch), db=self.env.dbs["vectors"])
         if raw is None:
             raise OperationalError(f"segment {self.seg} has no vectors for generation {gen} "
                                    f"(chunk {ch}); the database is incomplete")
-        if (gen, ch) in self._verified:
-            return F.unpack_array(raw, what=f"vectors g{gen} s{self.seg} c{ch}")
+        if seen:  # checked before, not located (no /proc, or a copied read)
+            return F.unpack_array(raw, what=what)
         try:  # the CRC of each chunk is checked the first time this process reads it
-            arr = F.unpack_array(raw, verify=True, what=f"vectors g{gen} s{self.seg} c{ch}")
+            arr = F.unpack_array(raw, verify=True, what=what)
         except OperationalError as exc:
             raise OperationalError(
                 f"segment {self.seg}: vector chunk {ch} of embedding generation {gen} is "
                 f"corrupt ({exc}); nothing was answered from it. Run `npmdb check "
                 f"{self.root}` for a full report") from None
-        self._verified.add((gen, ch))
+        off = self.env.mapped.locate(raw) if isinstance(raw, memoryview) else None
+        self._located[(gen, ch)] = None if off is None else (off, len(raw))  # write-once
         return arr
 
     def iter_chunks(self, txn, gen: int) -> Iterator[tuple[int, np.ndarray]]:
