@@ -110,24 +110,21 @@ def _exact_sims(snap: Any, seg: np.ndarray, pos: list[np.ndarray], qs: list[np.n
     one = len(snap.segments) == 1
     uniqs, invs = [], []
     for p in pos:
-        u, inv = np.unique(p if one else seg * (1 << 40) + p, return_inverse=True)
+        u, inv = S.unique_inverse(p if one else seg * (1 << 40) + p)
         uniqs.append(u)
         invs.append(inv)
-    union, where = np.unique(np.concatenate(uniqs), return_inverse=True)
+    union = S.sorted_unique(np.concatenate(uniqs))
     if one:
         sims = matvecs(snap.segments[0].vectors(snap.txn, snap.generation, union))
     else:
         sims = np.empty((len(union), len(qs)), dtype=np.float32)
         useg, upos = union >> 40, union & ((1 << 40) - 1)
-        for si in np.unique(useg):
+        for si in S.sorted_unique(useg):
             m = useg == si
             vecs = snap.segments[int(si)].vectors(snap.txn, snap.generation, upos[m])
             sims[m] = matvecs(vecs)
-    out, lo = [], 0
-    for i, u in enumerate(uniqs):
-        out.append((invs[i], sims[where[lo:lo + len(u)], i].astype(np.float64) * scale))
-        lo += len(u)
-    return out
+    return [(invs[i], sims[np.searchsorted(union, u), i].astype(np.float64) * scale)
+            for i, u in enumerate(uniqs)]
 
 
 @dataclass(frozen=True)
@@ -264,14 +261,15 @@ class Surfaces:
         self.n = len(s)
         self.docs = np.zeros(self.n, dtype=np.int64)
         self._parts = []  # (rows, doc numbers, starts, ends, {doc: (text, folded)})
-        for si in np.unique(seg):
+        for si in S.sorted_unique(seg):
             rows = np.flatnonzero(seg == si)
             reader = snap.segments[int(si)]
             cols = snap.columns(int(si))
             ss, ee = s[rows], e[rows]
             dl = cols.block_doc[cols.block_of(ss)]
             self.docs[rows] = dl
-            texts = {int(d): reader.doc_view(snap.txn, int(d), fold_view) for d in np.unique(dl)}
+            texts = {d: reader.doc_view(snap.txn, d, fold_view)
+                     for d in S.sorted_unique(dl).tolist()}
             self._parts.append((rows, dl, cols.offsets[ss, 0], cols.offsets[ee, 1], texts))
         self._where: np.ndarray | None = None
 
@@ -394,11 +392,14 @@ class Aggregate(Operator):
         sf = surfaces_of(st, occ)
         keys = sf.group_keys(self.group_by)
         scores, n_tokens = np.asarray(occ.score, np.float64), occ.e - occ.s + 1
-        st.info["answers"] = len(set(keys))
-        if self.keep_text is None:
+        if self.keep_text is not None and not self.alpha and 0 < self.top_n <= 32:
+            groups = self._top_kept(keys, sf.texts, scores, n_tokens, st.info)
+        elif self.keep_text is None:
+            st.info["answers"] = len(set(keys))
             groups = _make_groups(keys, sf.texts, scores, n_tokens, alpha=self.alpha,
                                   top_n=self.top_n)
         else:  # the occurrences of kept answers only; group members back to occ's rows
+            st.info["answers"] = len(set(keys))
             sel = np.flatnonzero(self._kept(keys, scores))
             groups = _make_groups([keys[i] for i in sel.tolist()],
                                   lambda idx: sf.texts(sel[np.asarray(idx, np.int64)].tolist()),
@@ -410,6 +411,28 @@ class Aggregate(Operator):
             for g in groups:
                 g.text = sf.doc_id(*g.key)
         return Answers(groups, occ, st.info["answers"])
+
+    def _top_kept(self, keys: list, texts_of: Callable[[list[int]], list[str]],
+                  scores: np.ndarray, n_tokens: np.ndarray, info: dict) -> list[Group]:
+        """The common ``ORDER BY score LIMIT n`` under query-word filters, grouped once:
+        answers ranked by summed score (ties: first seen), ``keep_text`` asked best first
+        until ``top_n`` pass; they come back in first-seen order with their members and
+        best occurrence, as :func:`_make_groups` builds them."""
+        assert self.keep_text is not None
+        gid, distinct = S.group_keys(keys)
+        info["answers"] = len(distinct)
+        sums = np.bincount(gid, weights=scores, minlength=len(distinct))
+        kept: list[int] = []
+        for g in np.lexsort((np.arange(len(distinct)), -sums)).tolist():  # best first
+            if self.keep_text(distinct[g]):
+                kept.append(g)
+                if len(kept) == self.top_n:
+                    break
+        kept.sort()
+        members = [np.flatnonzero(gid == g) for g in kept]
+        best = [int(m[np.argmax(scores[m])]) for m in members]  # ties: first seen
+        return [Group(distinct[g], t, float(sums[g]), int(n_tokens[b]), m) for g, t, b, m in
+                zip(kept, texts_of(best), best, members)]
 
     def _kept(self, keys: list, scores: np.ndarray) -> np.ndarray:
         """Per occurrence: is its answer kept by ``keep_text``? Ranked by summed score

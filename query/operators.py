@@ -23,6 +23,7 @@ import numpy as np
 from npmdb.storage.bm25 import analyze, global_idf
 from npmdb.storage.format import VALID_END, VALID_START, WORD_END, WORD_START
 
+from .scoring import sorted_unique
 from .text import bm25_text
 
 __all__ = [
@@ -335,7 +336,7 @@ def _merge_topk(side: str, found: list[tuple[int, np.ndarray, np.ndarray]],
     if len(sc) > k:
         key = key[np.sort(np.lexsort((key, -sc))[:k])]
     segs, pos = key >> 40, key & ((1 << 40) - 1)
-    return Candidates({side: {int(si): pos[segs == si] for si in np.unique(segs)}},
+    return Candidates({side: {int(si): pos[segs == si] for si in sorted_unique(segs)}},
                       int(len(pos)), qv.vectors)
 
 
@@ -358,7 +359,7 @@ def _top_candidates(found: list[tuple[int, np.ndarray, np.ndarray]], n: int
     kept = np.sort(first)[:n]
     key, sc = key[kept], sc[kept]
     segs, pos = key >> 40, key & ((1 << 40) - 1)
-    return [(int(si), pos[segs == si], sc[segs == si]) for si in np.unique(segs)]
+    return [(int(si), pos[segs == si], sc[segs == si]) for si in sorted_unique(segs)]
 
 
 def _split_found(found: list[tuple[int, np.ndarray, np.ndarray, int]]

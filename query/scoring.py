@@ -13,7 +13,32 @@ from npmdb.storage.format import (
 )
 
 __all__ = ["softmax", "assemble_spans", "span_scores", "label_logits", "group_keys",
-           "lacks_breaks", "spaced_breaks"]
+           "lacks_breaks", "spaced_breaks", "sorted_unique", "unique_inverse"]
+
+
+def sorted_unique(a: np.ndarray) -> np.ndarray:
+    """``np.unique(a)`` of a 1-D array, by a sort: numpy 2's hashing ``unique`` is about
+    3x slower on the few thousand keys a query has (measured: 330 us against 90 us for
+    4,260 positions), and a query calls it several times."""
+    s = np.sort(np.asarray(a).ravel())
+    if len(s) < 2:
+        return s
+    keep = np.empty(len(s), dtype=bool)
+    keep[0] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep]
+
+
+def unique_inverse(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(a, return_inverse=True)`` of a 1-D integer array, in one pass when
+    ``a`` is already sorted (a query's span starts are)."""
+    a = np.asarray(a)
+    if len(a) > 1 and bool((a[1:] >= a[:-1]).all()):
+        keep = np.empty(len(a), dtype=bool)
+        keep[0] = True
+        np.not_equal(a[1:], a[:-1], out=keep[1:])
+        return a[keep], np.cumsum(keep) - 1
+    return np.unique(a, return_inverse=True)
 
 
 def softmax(x: np.ndarray, tau: float) -> np.ndarray:
@@ -73,7 +98,7 @@ def assemble_spans(starts: np.ndarray, ends: np.ndarray, flags: np.ndarray,
     spans = np.concatenate(parts)
     if len(spans) == 0:
         return spans.reshape(0, 2)
-    key = np.unique(spans[:, 0] * (1 << 32) + spans[:, 1])  # sorted unique (s, e)
+    key = sorted_unique(spans[:, 0] * (1 << 32) + spans[:, 1])  # sorted unique (s, e)
     spans = np.stack([key >> 32, key & ((1 << 32) - 1)], axis=1)
     banned = (BREAK if clean_edges else 0) | (STOPWORD if no_stopwords else 0)
     if banned:  # no banned flag on any token of the span (at most max_len of them)
