@@ -39,8 +39,8 @@ from .format import unpack
 from .paths import fsync_path
 
 __all__ = ["IvfParams", "IvfFile", "IvfSide", "MIN_TRAIN", "template_key", "train_template",
-           "build_ivf", "Entries", "Coder", "load_template", "check_ivf_params",
-           "side_bitmap", "IVF_FILE", "read_template"]
+           "build_ivf", "Entries", "Coder", "BackgroundCoder", "load_template",
+           "check_ivf_params", "side_bitmap", "IVF_FILE", "read_template"]
 
 MIN_TRAIN = 4096  # vectors a template is trained on at least (PQ's 256 centroids each)
 IVF_FILE = "tokens.ivf"  # g{gen}.tokens.ivf
@@ -200,6 +200,55 @@ class Coder:
         return Entries(labels, lists, codes)
 
 
+class BackgroundCoder:
+    """A segment's index rows coded on one background thread while the encoder runs.
+
+    A local ``add`` into a generation whose template exists hands each window's valid
+    starts and ends here as they are encoded, instead of coding them all in
+    :func:`build_ivf` after the encoder is done (~15 % of such an add: FAISS releases the
+    GIL, and the coder runs on one OpenMP thread, so it fills the gaps the encoder leaves
+    rather than fighting it for the cores). At most ``depth`` windows wait, so memory stays
+    bounded when the coder falls behind. :meth:`entries` gives the rows in the order they
+    were handed in: the same entries :func:`build_ivf` would code from the same vectors.
+    """
+
+    def __init__(self, template: bytes, dim: int, depth: int = 2) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.coder = Coder(load_template(template, dim))
+        self.depth = depth
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="npmdb-ivf-code")
+        self._pending: list = []
+        self._done: list[Entries] = []
+        self.count = 0  # rows handed in
+
+    def submit(self, vectors: np.ndarray, labels: np.ndarray) -> None:
+        while len(self._pending) >= self.depth:
+            self._done.append(self._pending.pop(0).result())
+        self._pending.append(self._pool.submit(self._code, vectors, labels))
+        self.count += len(labels)
+
+    def _code(self, vectors: np.ndarray, labels: np.ndarray) -> Entries:
+        import faiss
+
+        faiss.omp_set_num_threads(1)  # this thread's OpenMP only: the encoder has the cores
+        return self.coder.encode(vectors, labels)
+
+    def entries(self) -> Entries | None:
+        """Every row coded, in order (waits for the thread); the thread is let go."""
+        try:
+            while self._pending:
+                self._done.append(self._pending.pop(0).result())
+        finally:
+            self.close()
+        return Entries.concat(self._done)
+
+    def close(self) -> None:
+        for f in self._pending:
+            f.cancel()
+        self._pool.shutdown(wait=False)
+
+
 def _add_entries(index, entries: Entries) -> None:
     import faiss
 
@@ -232,7 +281,8 @@ def build_ivf(template: bytes | None, vectors: np.ndarray, labels: np.ndarray,
     dim = vectors.shape[1]
     if template is not None:
         index = load_template(template, dim)
-        _add_entries(index, Coder(index).encode(vectors, labels))
+        if len(labels):
+            _add_entries(index, Coder(index).encode(vectors, labels))
         if entries is not None:  # appended after: what one add of both in order gives
             _add_entries(index, entries)
     else:

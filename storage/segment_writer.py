@@ -11,7 +11,9 @@ stored codes. It
    stored with it); vectors are rounded to float16 first, so every path stores the same
    codes for the same encoder output;
 2. keeps the valid starts' and ends' vectors exactly as stored (decoded), for the dense
-   indexes;
+   indexes -- or, for an IVF segment whose generation already has its template, codes
+   them against it on a background thread as they arrive (``ivf.BackgroundCoder``), so
+   the coding overlaps the encoder instead of following it;
 3. on :meth:`SegmentWriter.finish`: stores the documents and token columns (new segments),
    builds the BM25 index (new segments) and the dense start/end indexes, fsyncs them and
    moves them into place, and returns the typed :class:`~npmdb.storage.format.SegmentRecord`.
@@ -110,6 +112,10 @@ class SegmentWriter:
         self._sides: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {
             "start": ([], []), "end": ([], [])}
         self._entries: list[ivf.Entries] = []  # index rows coded by Ray workers
+        # index rows coded while the encoder runs (an IVF segment whose generation has a
+        # template): decided at the first vectors
+        self._ahead: ivf.BackgroundCoder | None = None
+        self._ahead_decided = False
 
     # -- input ----------------------------------------------------------------------------
 
@@ -165,14 +171,30 @@ class SegmentWriter:
             need = np.flatnonzero(flags & (F.VALID_START | F.VALID_END))
             decoded = self.codec.decode(stored[need]) if len(need) else \
                 np.zeros((0, self.dim), np.float32)
-            for side, bit in (("start", F.VALID_START), ("end", F.VALID_END)):
-                rows = np.flatnonzero(flags[need] & bit)
-                self._sides[side][0].append(need[rows] + lo)
-                self._sides[side][1].append(decoded[rows].astype(np.float16))
+            ahead = self._coder_ahead()
+            if ahead is not None:  # each token once, as the IVF file keeps them
+                ahead.submit(decoded.astype(np.float16).astype(np.float32), need + lo)
+            else:
+                for side, bit in (("start", F.VALID_START), ("end", F.VALID_END)):
+                    rows = np.flatnonzero(flags[need] & bit)
+                    self._sides[side][0].append(need[rows] + lo)
+                    self._sides[side][1].append(decoded[rows].astype(np.float16))
         self._codes.append(stored)
         self._n_codes += len(stored)
         self.n = hi
         self._flush(final=False)
+
+    def _coder_ahead(self) -> ivf.BackgroundCoder | None:
+        """The background coder of this segment's IVF rows, when its index is IVF and the
+        generation's template exists (decided once, at the first vectors; the tokens are
+        all known by then, so ``auto`` has picked its kind)."""
+        if not self._ahead_decided:
+            self._ahead_decided = True
+            if self.kind() == IVF:
+                template = ivf.read_template(self.env, self.gen)
+                if template is not None:
+                    self._ahead = ivf.BackgroundCoder(template, self.dim)
+        return self._ahead
 
     def add_encoded(self, stored: np.ndarray, entries: ivf.Entries) -> None:
         """Rows of the next tokens in this segment's codec with their IVF entries, coded
@@ -356,8 +378,9 @@ class SegmentWriter:
     def _build_ivf(self, target: Path) -> None:
         """One IVF file over the valid starts and ends (each token once), filled from the
         generation's template; the first segment big enough trains and saves it."""
-        pos, vecs = self._ivf_vectors()
-        entries = ivf.Entries.concat(self._entries)
+        pos, vecs = self._ivf_vectors()  # none left when they were coded ahead
+        ahead = [self._ahead.entries()] if self._ahead is not None else []
+        entries = ivf.Entries.concat([e for e in ahead if e is not None] + self._entries)
         n = len(pos) + (len(entries.labels) if entries is not None else 0)
         bar = self.progress(n, "index (ivf)", "vec")
         template = self.ensure_template(vecs)

@@ -317,6 +317,44 @@ def test_entries_coded_apart_fill_the_same_index(tmp_path):
         ivf.build_ivf(other, x[:0], labels[:0], tmp_path / "c.ivf", entries=e)
 
 
+def test_rows_coded_while_encoding_write_the_same_file(tmp_path, tiny_encoder, sample_corpus,
+                                                      monkeypatch):
+    """An add into a generation that has its template codes its rows on a background
+    thread while the encoder runs (:class:`BackgroundCoder`); the segment's IVF file is
+    byte for byte the one coding them all at the end writes, and its answers the same."""
+    from npmdb.ingest import local
+
+    monkeypatch.setattr(local, "WINDOW", 16)  # several windows: rows are handed in parts
+    made = []
+    real = I.BackgroundCoder
+
+    def counting(*a, **kw):
+        made.append(real(*a, **kw))
+        return made[-1]
+
+    monkeypatch.setattr(I, "BackgroundCoder", counting)
+    answers = []
+    for name, ahead in (("ahead", True), ("after", False)):
+        if not ahead:
+            monkeypatch.setattr(SW.SegmentWriter, "_coder_ahead", lambda self: None)
+        path = tmp_path / name
+        with npmdb.open(path, encoder=tiny_encoder, index="ivf", progress=False) as db:
+            db.add(sample_corpus[:1500])    # trains the template (coded at the end)
+            db.add(sample_corpus[1500:1900])  # has one: coded while encoding, when ahead
+            answers.append([db.fill_mask(q, k=64).to_list() for q in QUERIES])
+    assert len(made) == 1 and made[0].count > 0  # only the second add of the first database
+    assert _ivf_file(tmp_path / "ahead", 1) == _ivf_file(tmp_path / "after", 1)
+    assert _ivf_file(tmp_path / "ahead", 0) == _ivf_file(tmp_path / "after", 0)
+    assert answers[0] == answers[1]
+
+
+def _ivf_file(path: Path, seg_index: int) -> bytes:
+    with npmdb.open(path, readonly=True, progress=False) as db:
+        with db.snapshot() as snap:
+            seg = snap.segments[seg_index].seg
+    return (Path(path) / "segments" / f"s{seg:06d}" / f"g0.{I.IVF_FILE}").read_bytes()
+
+
 def test_the_coder_assigns_the_nearest_list_and_codes_as_faiss_does():
     """The HNSW coarse assignment picks the exact quantiser's list for (nearly) every
     vector, and the PQ codes are FAISS's own for that list."""
