@@ -50,6 +50,13 @@ def targets(res: dict) -> list[tuple[str, str, bool | None, str]]:
                      "median ms per operator: " + _stages(bd.get("dense"))))
         rows.append(("dense fill_mask k=1024 p99 ≤ 60 ms", f"{d['p99']:.1f} ms", d["p99"] <= 60,
                      "tail: see p99 per k below"))
+        fwd = (bd.get("dense") or {}).get("EncodeQuery")
+        if fwd:  # the same process: a machine's speed cancels out
+            rows.append(("dense p50 (k=1024, 1M tokens) ≤ 2× one query-encoder forward",
+                         f"×{d['p50'] / fwd:.2f}", d["p50"] <= 2 * fwd,
+                         f"p50 {d['p50']:.1f} ms; EncodeQuery (the forward, tokenizing "
+                         f"included) {fwd:.1f} ms in the same process; the rest "
+                         f"{d['p50'] - fwd:.1f} ms"))
     b = _lat(st, "bm25", "phrase", None)
     if b:
         rows.append(("bm25 fill_mask p50 ≤ 15 ms", f"{b['p50']:.1f} ms", b["p50"] <= 15,
