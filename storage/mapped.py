@@ -22,12 +22,18 @@ deleted, and it is deleted (vacuum) only when no version names it and no reader 
 it, so no query asks for it again. A location is recorded only after the bytes at that
 offset of this mapping are checked to equal the value py-lmdb returned.
 
+Once a value is located and checked, the pages the first read faulted into LMDB's own
+mapping are released (``madvise(MADV_DONTNEED)``: LMDB maps the file read-only and shared,
+so this only drops the process's page-table entries; the page cache keeps the data), so a
+value's pages are not resident twice, once in each mapping.
+
 Where ``/proc/self/maps`` is missing (not Linux) or the file cannot be matched, nothing is
 located and every read goes through py-lmdb as before.
 """
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import threading
@@ -39,6 +45,8 @@ __all__ = ["MappedFile"]
 
 _CHECK = 64  # bytes compared at each end of a value before its location is trusted
 _PAGE_HEADER = 16  # LMDB's page header: an overflow value starts this far into its page
+_MADV_DONTNEED = 4  # Linux
+_LIBC: "ctypes.CDLL | None" = None
 
 
 class MappedFile:
@@ -76,7 +84,21 @@ class MappedFile:
             if mm[off:off + _CHECK] != bytes(buf[:_CHECK]) or \
                     mm[off + n - _CHECK:off + n] != bytes(buf[n - _CHECK:]):
                 return None
-            return off
+        self._release(addr - _PAGE_HEADER, n + _PAGE_HEADER)
+        return off
+
+    def _release(self, addr: int, n: int) -> None:
+        """Drop LMDB's mapping of the value's own pages (``addr`` page-aligned: the
+        value's first overflow page) from this process's resident set."""
+        end = addr + n
+        end += -end % self.page_size  # the value's last overflow page is its own too
+        global _LIBC
+        try:
+            if _LIBC is None:
+                _LIBC = ctypes.CDLL(None, use_errno=True)
+            _LIBC.madvise(ctypes.c_void_p(addr), ctypes.c_size_t(end - addr), _MADV_DONTNEED)
+        except (OSError, AttributeError):  # pragma: no cover - not a libc with madvise
+            pass
 
     def view(self, off: int, n: int) -> memoryview:
         """``n`` bytes at file offset ``off`` (located by :meth:`locate`)."""

@@ -159,10 +159,12 @@ class SegmentReader:
             if check and not copy and isinstance(raw, memoryview):
                 located[name] = self.env.mapped.locate(raw), len(raw)
         self._cols_checked = True
+        for name, (off, n) in located.items():  # LMDB's mapping of these was released
+            if off is not None:
+                arrs[name] = F.unpack_array(self.env.mapped.view(off, n),
+                                            what=f"segment {self.seg} {name}")
         if located and all(off is not None for off, _ in located.values()):
-            self._mapped_cols = SegmentColumns(**{
-                name: F.unpack_array(self.env.mapped.view(off, n), what=f"segment {self.seg} "
-                                     f"{name}") for name, (off, n) in located.items()})
+            self._mapped_cols = SegmentColumns(**arrs)
         return SegmentColumns(**arrs)
 
     # -- vectors ----------------------------------------------------------------------
@@ -212,6 +214,8 @@ class SegmentReader:
                 f"{self.root}` for a full report") from None
         off = self.env.mapped.locate(raw) if isinstance(raw, memoryview) else None
         self._located[(gen, ch)] = None if off is None else (off, len(raw))  # write-once
+        if off is not None:  # LMDB's mapping of it was released: read it from the file's
+            return F.unpack_array(self.env.mapped.view(off, len(raw)), what=what)
         return arr
 
     def iter_chunks(self, txn, gen: int) -> Iterator[tuple[int, np.ndarray]]:
