@@ -116,3 +116,41 @@ def test_small_values_inside_leaf_pages_are_never_located(tmp_path, tiny_encoder
         got = db.fill_mask(q, k=16).to_list()
     with npmdb.open(path, progress=False) as fresh:
         assert fresh.fill_mask(q, k=16).to_list() == got
+
+
+def _lmdb_map_rss_kb(db) -> int:
+    """Resident KB of LMDB's own mapping(s) of data.mdb (not npmdb's read-only one)."""
+    ino = os.stat(db.path / "data.mdb").st_ino
+    mm = db.env.mapped._mm
+    ours = np.frombuffer(mm, np.uint8).ctypes.data if mm is not None else -1
+    total, inside = 0, False
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            parts = line.split()
+            if "-" in parts[0] and len(parts) >= 5 and ":" in parts[3]:  # a mapping's header
+                lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                inside = int(parts[4]) == ino and not lo <= ours < hi
+            elif inside and parts[0] == "Rss:":
+                total += int(parts[1])
+    return total
+
+
+@linux
+@pytest.mark.parametrize("release", [True, False])
+def test_located_values_are_not_resident_twice(new_db, sample_corpus, monkeypatch, release):
+    """After a value's first (checked) read, LMDB's mapping of its pages is released: the
+    chunk stays readable through npmdb's mapping and is not counted twice in RSS."""
+    if not release:
+        monkeypatch.setattr(MappedFile, "_release", lambda self, addr, n: None)
+    new_db.add(sample_corpus[:1500])
+    (reader, gen), = _readers(new_db)
+    with new_db.snapshot() as snap:
+        before = _lmdb_map_rss_kb(new_db)
+        chunk = reader.stored_chunk(snap.txn, gen, 0)
+        grown = _lmdb_map_rss_kb(new_db) - before
+    assert reader._located[(gen, 0)] is not None
+    if release:
+        assert grown < chunk.nbytes / 1024 / 4
+    else:  # the control: py-lmdb's read faulted the whole chunk into its mapping
+        assert grown > chunk.nbytes / 1024 / 2
+    np.testing.assert_array_equal(chunk, _lmdb_chunk(new_db, reader.seg, gen, 0))
