@@ -16,14 +16,15 @@ from typing import Any, Callable
 
 import numpy as np
 
-from npmdb.storage.format import WORD_END, WORD_START
-
 from . import scoring as S
 from .calibration import calibrated_scores
 from .operators import (
     Answers, Candidates, ExecState, Group, Occurrences, Operator, _empty, _fmt,
 )
-from .text import fold, fold_view, snippet_bounds
+from .surfaces import (  # re-exported: the answer stages' view of occurrences
+    Located, Surfaces, locate, locate_in, snippet, surface, surfaces_of, widen_to_words,
+)
+from .text import fold
 
 __all__ = [
     "AssembleSpans", "ScoreSpans", "ScoreTokens", "Aggregate", "ClassifyLabels",
@@ -200,136 +201,6 @@ class ScoreTokens(Operator):
 # -- aggregation ----------------------------------------------------------------------------
 
 
-def surface(snap: Any, si: int, s: int, e: int) -> tuple[str, Any]:
-    """The occurrence's text sliced from its document, and the document."""
-    seg = snap.segments[si]
-    cols = snap.columns(si)
-    doc = seg.doc(snap.txn, int(cols.block_doc[cols.block_of(s)]))
-    return doc.text[cols.offsets[s, 0]:cols.offsets[e, 1]], doc
-
-
-@dataclass(frozen=True)
-class Located:
-    """Where an occurrence is: its text, its document and its character offsets."""
-
-    text: str
-    doc: Any  # StoredDoc: id, title, text, meta
-    start: int
-    end: int
-
-
-def locate_in(snap: Any, items: list[tuple[int, int, int]]) -> list[Located]:
-    """:class:`Located` of each ``(segment, first token, last token)`` in ``snap``."""
-    out = []
-    for si, s, e in items:
-        cols = snap.columns(si)
-        text, doc = surface(snap, si, s, e)
-        out.append(Located(text, doc, int(cols.offsets[s, 0]), int(cols.offsets[e, 1])))
-    return out
-
-
-def locate(st: ExecState, occ: Occurrences, idx: list[int]) -> list[Located]:
-    """Occurrences ``idx`` of ``occ``, located by whoever holds them: this process's
-    snapshot, or the shards that own their segments."""
-    if occ.surfaces is not None:
-        return occ.surfaces.locate(idx)
-    return locate_in(st.snapshot, [(int(occ.seg[i]), int(occ.s[i]), int(occ.e[i]))
-                                   for i in idx])
-
-
-def surfaces_of(st: ExecState, occ: Occurrences) -> "Surfaces":
-    """The surface texts of ``occ``: the shards' (gathered with them) or the snapshot's."""
-    return occ.surfaces if occ.surfaces is not None else Surfaces(st.snapshot, occ.seg,
-                                                                   occ.s, occ.e)
-
-
-def widen_to_words(snap: Any, occ: Occurrences) -> Occurrences:
-    """Token occurrences widened to the whole words they are part of."""
-    ws, we = occ.s.copy(), occ.e.copy()
-    for i in range(len(ws)):
-        cols = snap.columns(int(occ.seg[i]))
-        ws[i], we[i] = _word_bounds(cols, int(ws[i]), int(we[i]))
-    return replace(occ, s=ws, e=we)
-
-
-class Surfaces:
-    """The surface texts of many occurrences, computed on demand: ``keys()`` gives every
-    occurrence's folded text (the grouping key) and ``text(i)`` one occurrence's text."""
-
-    def __init__(self, snap: Any, seg: np.ndarray, s: np.ndarray, e: np.ndarray) -> None:
-        self.snap, self.seg, self.s, self.e = snap, seg, s, e
-        self.n = len(s)
-        self.docs = np.zeros(self.n, dtype=np.int64)
-        self._parts = []  # (rows, doc numbers, starts, ends, {doc: (text, folded)})
-        for si in S.sorted_unique(seg):
-            rows = np.flatnonzero(seg == si)
-            reader = snap.segments[int(si)]
-            cols = snap.columns(int(si))
-            ss, ee = s[rows], e[rows]
-            dl = cols.block_doc[cols.block_of(ss)]
-            self.docs[rows] = dl
-            texts = {d: reader.doc_view(snap.txn, d, fold_view)
-                     for d in S.sorted_unique(dl).tolist()}
-            self._parts.append((rows, dl, cols.offsets[ss, 0], cols.offsets[ee, 1], texts))
-        self._where: np.ndarray | None = None
-
-    def keys(self) -> list[str]:
-        """``fold(text)`` of every occurrence: a slice of the document's folded text."""
-        out: list[str] = [""] * self.n
-        for rows, dl, a, b, texts in self._parts:
-            views = [texts[d] for d in dl.tolist()]
-            keys = [f[x:y] if f is not None else fold(t[x:y])
-                    for (t, f), x, y in zip(views, a.tolist(), b.tolist())]
-            if len(self._parts) == 1:
-                return keys
-            for r, k in zip(rows.tolist(), keys):
-                out[r] = k
-        return out
-
-    def group_keys(self, group_by: str) -> list:
-        """Every occurrence's grouping key: its folded text ('phrase', 'word'), its token
-        ids ('tokens') or its (segment, document) ('document')."""
-        if group_by in ("phrase", "word"):
-            return self.keys()
-        if group_by == "tokens":
-            return [tuple(self.snap.columns(si).tokens[s:e + 1].tolist()) for si, s, e in
-                    zip(self.seg.tolist(), self.s.tolist(), self.e.tolist())]
-        return list(zip(self.seg.tolist(), self.docs.tolist()))
-
-    def doc_id(self, si: int, local: int) -> str:
-        return self.snap.doc(si, local).id
-
-    def text(self, i: int) -> str:
-        return self.texts([i])[0]
-
-    def texts(self, idx: list[int]) -> list[str]:
-        """The surface texts of occurrences ``idx`` (one vectorised lookup: the thousands of
-        answers a query groups cost a slice each, not numpy scalar indexing)."""
-        if self._where is None:  # occurrence -> (part, row within the part)
-            self._where = np.zeros((self.n, 2), dtype=np.int64)
-            for p, (rows, *_rest) in enumerate(self._parts):
-                self._where[rows, 0] = p
-                self._where[rows, 1] = np.arange(len(rows))
-        where = self._where[np.asarray(idx, dtype=np.int64)]
-        out: list[str] = [""] * len(idx)
-        for p, (_rows, dl, a, b, texts) in enumerate(self._parts):
-            at = np.flatnonzero(where[:, 0] == p)
-            j = where[at, 1]
-            for i, d, x, y in zip(at.tolist(), dl[j].tolist(), a[j].tolist(), b[j].tolist()):
-                out[i] = texts[d][0][x:y]
-        return out
-
-
-def _word_bounds(cols, s: int, e: int) -> tuple[int, int]:
-    lo = int(cols.block_ptr[cols.block_of(s)])
-    hi = int(cols.block_ptr[cols.block_of(e) + 1]) - 1
-    while s > lo and not cols.flags[s] & WORD_START:
-        s -= 1
-    while e < hi and not cols.flags[e] & WORD_END:
-        e += 1
-    return s, e
-
-
 def _make_groups(keys: list, texts_of: Callable[[list[int]], list[str]], scores: np.ndarray,
                  n_tokens: np.ndarray, *, alpha: float = 0.0, top_n: int = 0) -> list[Group]:
     """Answers from occurrences: per group the summed score (times ``n_tokens ** alpha``),
@@ -418,17 +289,10 @@ class Aggregate(Operator):
         answers ranked by summed score (ties: first seen), ``keep_text`` asked best first
         until ``top_n`` pass; they come back in first-seen order with their members and
         best occurrence, as :func:`_make_groups` builds them."""
-        assert self.keep_text is not None
         gid, distinct = S.group_keys(keys)
         info["answers"] = len(distinct)
         sums = np.bincount(gid, weights=scores, minlength=len(distinct))
-        kept: list[int] = []
-        for g in np.lexsort((np.arange(len(distinct)), -sums)).tolist():  # best first
-            if self.keep_text(distinct[g]):
-                kept.append(g)
-                if len(kept) == self.top_n:
-                    break
-        kept.sort()
+        kept = sorted(self._best_kept(distinct, sums))
         members = [np.flatnonzero(gid == g) for g in kept]
         best = [int(m[np.argmax(scores[m])]) for m in members]  # ties: first seen
         return [Group(distinct[g], t, float(sums[g]), int(n_tokens[b]), m) for g, t, b, m in
@@ -443,15 +307,21 @@ class Aggregate(Operator):
         if self.alpha or not self.top_n:
             ok[:] = [bool(self.keep_text(k)) for k in distinct]
             return ok[gid]
-        sums = np.bincount(gid, weights=scores, minlength=len(distinct))
-        found = 0
-        for g in np.lexsort((np.arange(len(distinct)), -sums)).tolist():  # best first
-            if self.keep_text(distinct[g]):
-                ok[g] = True
-                found += 1
-                if found == self.top_n:
-                    break
+        ok[self._best_kept(distinct, np.bincount(gid, weights=scores,
+                                                 minlength=len(distinct)))] = True
         return ok[gid]
+
+    def _best_kept(self, distinct: list, sums: np.ndarray) -> list[int]:
+        """The ``top_n`` best answers (by summed score, ties first seen) that ``keep_text``
+        keeps, best first; ``keep_text`` is asked only down to the last of them."""
+        assert self.keep_text is not None
+        kept: list[int] = []
+        for g in np.lexsort((np.arange(len(distinct)), -sums)).tolist():
+            if self.keep_text(distinct[g]):
+                kept.append(g)
+                if len(kept) == self.top_n:
+                    break
+        return kept
 
 
 @dataclass(frozen=True)
@@ -606,10 +476,3 @@ class AttachEvidence(Operator):
                                          snippet(at.doc.text, at.start, at.end), float(w[i])))
             groups.append(replace(g, evidence=evidence))
         return replace(ans, groups=groups, count=sum(len(i) for i, _ in chosen))
-
-
-def snippet(text: str, a: int, b: int, width: int = 80) -> str:
-    """Context around ``text[a:b]``, cut at white space, with the occurrence in ⟦ ⟧-free form."""
-    lo, hi = snippet_bounds(text, a, b, width)
-    out = text[lo:hi].replace("\n", " ")
-    return ("…" if lo > 0 else "") + out + ("…" if hi < len(text) else "")
