@@ -78,7 +78,7 @@ class MappedFile:
             off = addr - region[0] + region[2]
             if off % self.page_size != _PAGE_HEADER:  # not an overflow value
                 return None
-            mm = self._map(off + len(buf))
+            mm = self._map(off + n)
             if mm is None:
                 return None
             if mm[off:off + _CHECK] != bytes(buf[:_CHECK]) or \

@@ -379,8 +379,10 @@ class SegmentWriter:
         """One IVF file over the valid starts and ends (each token once), filled from the
         generation's template; the first segment big enough trains and saves it."""
         pos, vecs = self._ivf_vectors()  # none left when they were coded ahead
-        ahead = [self._ahead.entries()] if self._ahead is not None else []
-        entries = ivf.Entries.concat([e for e in ahead if e is not None] + self._entries)
+        parts = list(self._entries)
+        if self._ahead is not None and (coded := self._ahead.entries()) is not None:
+            parts.insert(0, coded)
+        entries = ivf.Entries.concat(parts)
         n = len(pos) + (len(entries.labels) if entries is not None else 0)
         bar = self.progress(n, "index (ivf)", "vec")
         template = self.ensure_template(vecs)

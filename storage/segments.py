@@ -38,6 +38,7 @@ __all__ = ["CHUNK", "LEGACY_CHUNK", "COLUMNS", "SegmentColumns", "SegmentReader"
 CHUNK = 65536
 LEGACY_CHUNK = F.LEGACY_CHUNK  # segments whose record has no "chunk"
 COLUMNS = ("tokens", "flags", "offsets", "block_ptr", "block_doc")
+_UNREAD = ()  # a vector chunk this process has not read (and checked) yet
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,9 +164,10 @@ class SegmentReader:
             if off is not None:
                 arrs[name] = F.unpack_array(self.env.mapped.view(off, n),
                                             what=f"segment {self.seg} {name}")
+        cols = SegmentColumns(**arrs)
         if located and all(off is not None for off, _ in located.values()):
-            self._mapped_cols = SegmentColumns(**arrs)
-        return SegmentColumns(**arrs)
+            self._mapped_cols = cols
+        return cols
 
     # -- vectors ----------------------------------------------------------------------
 
@@ -195,15 +197,14 @@ class SegmentReader:
         """Vector chunk ``ch`` of generation ``gen`` as stored (the codec's rows), checked
         against its CRC the first time this process reads it."""
         what = f"vectors g{gen} s{self.seg} c{ch}"
-        seen = (gen, ch) in self._located
-        at = self._located.get((gen, ch))
-        if at is not None:  # checked and located before: a view of the file, no page touch
+        at = self._located.get((gen, ch), _UNREAD)
+        if at is not None and at is not _UNREAD:  # checked and located before: a view of the file, no page touch
             return F.unpack_array(self.env.mapped.view(*at), what=what)
         raw = txn.get(F.vec_key(gen, self.seg, ch), db=self.env.dbs["vectors"])
         if raw is None:
             raise OperationalError(f"segment {self.seg} has no vectors for generation {gen} "
                                    f"(chunk {ch}); the database is incomplete")
-        if seen:  # checked before, not located (no /proc, or a copied read)
+        if at is None:  # checked before, not located (no /proc, or a copied read)
             return F.unpack_array(raw, what=what)
         try:  # the CRC of each chunk is checked the first time this process reads it
             arr = F.unpack_array(raw, verify=True, what=what)
