@@ -161,7 +161,7 @@ def cmd_train(args) -> int:
         report = npmdb.train(db, steps=args.steps, batch_blocks=args.batch_blocks, lr=args.lr,
                              objective=args.objective, refresh_every=args.refresh_every,
                              seed=args.seed, preset=args.preset, resume=args.resume,
-                             threads=args.threads)
+                             threads=args.threads, max_seconds=args.max_seconds)
         print(report)
     return 0
 
@@ -304,6 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--refresh-every", type=int, default=None,
                     help="write a refreshed version every N steps (0: only at the end)")
     tr.add_argument("--resume", action="store_true", help="continue the saved run")
+    tr.add_argument("--max-seconds", type=float, default=None,
+                    help="time budget: stop stepping after this many seconds and write the "
+                         "final version at the step reached (--resume continues it)")
     tr.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("-q", "--quiet", action="store_true")

