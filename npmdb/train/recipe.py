@@ -162,9 +162,9 @@ def _training_db(path: Path, corpus: Path, encoder, *, progress: bool):
     # a database made earlier keeps its recorded (possibly trained) encoder and settings
     made = path.exists()
     # Training reads the text and encodes its batches itself; nobody searches this
-    # database's vectors, so it takes the cheapest index to write (none: exact search,
-    # not an HNSW graph, minutes less at ingest and at every refresh) and compact rows.
-    # Without FAISS (a GPU machine's own Python, say) a sparse HNSW graph stands in.
+    # database's vectors, so it takes the cheapest index to write (an IVF add, not an
+    # HNSW graph: minutes less at ingest and at every refresh) and compact rows. Without
+    # FAISS (a GPU machine's own Python, say) a sparse HNSW graph stands in.
     options = {} if made else {"encoder": encoder, "index": _training_index(), "codec": "int4"}
     db = npmdb.open(path, progress=progress, dense_params=DenseParams(m=8, ef_construction=40),
                     **options)
@@ -178,7 +178,7 @@ def _training_index() -> str:
         import faiss  # noqa: F401
     except ImportError:
         return "hnsw"
-    return "exact"
+    return "ivf"
 
 
 def extend_corpus(out: Path, which: str = "focus") -> Path:
