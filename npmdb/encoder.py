@@ -346,9 +346,9 @@ def forward_context(device: "torch.device") -> contextlib.AbstractContextManager
     limited to the flash, memory-efficient and math kernels. cuDNN's attention kernel
     (which recent PyTorch and transformers prefer on Hopper) builds an execution graph for
     every new input shape, and npmdb's batches change shape on nearly every call (rows are
-    grouped by length): measured on an H200 (torch 2.11, transformers 5.17), each cuDNN
-    attention call spent ~12 ms of CPU, 6 of 14 ms per layer, and a 64-block training step
-    took ~1 s with the GPU ~20 % busy. Elsewhere: nothing.
+    grouped by length). Profiled on an H200 (torch 2.11, transformers 5.17), a 64-block
+    training step took ~1 s for ~13 ms of GPU work, and each cuDNN attention call, forward
+    or backward, spent ~12 ms of CPU: over half of the step. Elsewhere: nothing.
     """
     if device.type != "cuda":
         return contextlib.nullcontext()
