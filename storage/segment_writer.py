@@ -13,7 +13,8 @@ stored codes. It
 2. keeps the valid starts' and ends' vectors exactly as stored (decoded), for the dense
    indexes -- or, for an IVF segment whose generation already has its template, codes
    them against it on a background thread as they arrive (``ivf.BackgroundCoder``), so
-   the coding overlaps the encoder instead of following it;
+   the coding overlaps the encoder instead of following it (unless ``code_ahead`` is
+   off: an encoder with every CPU core);
 3. on :meth:`SegmentWriter.finish`: stores the documents and token columns (new segments),
    builds the BM25 index (new segments) and the dense start/end indexes, fsyncs them and
    moves them into place, and returns the typed :class:`~npmdb.storage.format.SegmentRecord`.
@@ -116,6 +117,9 @@ class SegmentWriter:
         # template): decided at the first vectors
         self._ahead: ivf.BackgroundCoder | None = None
         self._ahead_decided = False
+        # whether that background coder may run: an encoder that has every CPU core sets
+        # it False (npmdb.ingest.local.leaves_a_core), and the rows are coded at finish
+        self.code_ahead = True
 
     # -- input ----------------------------------------------------------------------------
 
@@ -190,7 +194,7 @@ class SegmentWriter:
         all known by then, so ``auto`` has picked its kind)."""
         if not self._ahead_decided:
             self._ahead_decided = True
-            if self.kind() == IVF:
+            if self.kind() == IVF and self.code_ahead:
                 template = ivf.read_template(self.env, self.gen)
                 if template is not None:
                     self._ahead = ivf.BackgroundCoder(template, self.dim)

@@ -335,8 +335,8 @@ def test_rows_coded_while_encoding_write_the_same_file(tmp_path, tiny_encoder, s
     monkeypatch.setattr(I, "BackgroundCoder", counting)
     answers = []
     for name, ahead in (("ahead", True), ("after", False)):
-        if not ahead:
-            monkeypatch.setattr(SW.SegmentWriter, "_coder_ahead", lambda self: None)
+        # the coder runs only where the encoder leaves a core free (a GPU, spare cores)
+        monkeypatch.setattr(local, "leaves_a_core", lambda encoder, ahead=ahead: ahead)
         path = tmp_path / name
         with npmdb.open(path, encoder=tiny_encoder, index="ivf", progress=False) as db:
             db.add(sample_corpus[:1500])    # trains the template (coded at the end)
@@ -346,6 +346,27 @@ def test_rows_coded_while_encoding_write_the_same_file(tmp_path, tiny_encoder, s
     assert _ivf_file(tmp_path / "ahead", 1) == _ivf_file(tmp_path / "after", 1)
     assert _ivf_file(tmp_path / "ahead", 0) == _ivf_file(tmp_path / "after", 0)
     assert answers[0] == answers[1]
+
+
+def test_the_background_coder_waits_for_a_spare_core(tiny_encoder):
+    """On the CPU the coder thread runs only when torch leaves a core unused."""
+    import os
+
+    import torch
+
+    from npmdb.encoder import Encoder
+    from npmdb.ingest.local import leaves_a_core
+
+    enc = Encoder(tiny_encoder, device="cpu")
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(os.cpu_count() or 1)
+        assert not leaves_a_core(enc)
+        if (os.cpu_count() or 1) > 1:
+            torch.set_num_threads(1)
+            assert leaves_a_core(enc)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _ivf_file(path: Path, seg_index: int) -> bytes:
