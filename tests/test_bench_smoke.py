@@ -105,6 +105,23 @@ def test_shards_bench_step(tiny_data, tiny_encoder, tmp_path, sample_corpus):
     assert "| 2 | local |" in md and "Exchange" in md
 
 
+def test_gpu_check_runs_its_cpu_smoke(tiny_data, tiny_encoder, tmp_path, monkeypatch):
+    """``python -m bench.gpu`` (the one command for a short GPU lease) on the CPU: the
+    training timing once, its result files written."""
+    from bench import common
+    from bench.gpu import main
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    assert main(["--data", str(tiny_data), "--docs", "120", "--steps", "4", "--batch", "6",
+                 "--warmup", "1", "--encoder", str(tiny_encoder)]) == 0
+    res = json.loads((tmp_path / "gpu.json").read_text())
+    run = res["training"][0]  # npmdb's forward passes; with CUDA also cuDNN's for comparison
+    assert len(res["training"]) == (2 if res["cuda"] else 1) and not run["cudnn_attention"]
+    assert run["steps"] == 4 and run["steps_per_s"] > 0
+    if not res["cuda"]:
+        assert "| npmdb (no cuDNN attention) | cpu | 6 | 4 |" in (tmp_path / "gpu.md").read_text()
+
+
 def test_report_renders_partial_results():
     """The report copes with a run whose steps failed or were skipped."""
     from bench.report import render, targets
