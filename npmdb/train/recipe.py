@@ -338,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
                          "present; --stage extend always runs it)")
     ap.add_argument("--extend-from", type=Path, default=None,
                     help="the checkpoint the extend stage starts from (default: the focus "
-                         "stage's)")
+                         "stage's; the export records the general and focus stages' reports "
+                         "under it, so give their output, such as the shipped checkpoint)")
     ap.add_argument("--extend-corpus", choices=EXTEND_CORPORA, default="focus")
     ap.add_argument("--extend-steps", type=int, default=EXTEND["steps"])
     ap.add_argument("--extend-batch", type=int, default=EXTEND["batch_blocks"])
