@@ -1,8 +1,8 @@
 """Encoding a batch's variable-length rows in length-sorted chunks (training's forward pass).
 
 :func:`plan_chunks` groups rows into forward passes of at most ``chunk_tokens`` padded
-tokens; :class:`RowEncoder` runs them (under :func:`npmdb.encoder.forward_context`) and :func:`assemble`
-puts the chunks' hidden states back in row order. :func:`rng_state` /
+tokens; :class:`RowEncoder` runs them (under :func:`npmdb.encoder.forward_context`) and
+:func:`assemble` puts the chunks' hidden states back in row order. :func:`rng_state` /
 :func:`set_rng_state` let GradCache replay a chunk with the same dropout masks.
 """
 

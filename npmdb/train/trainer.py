@@ -161,7 +161,9 @@ def train(
     """
     t_start = time.perf_counter()
     _check_writable(db)
-    if max_seconds is not None and not max_seconds > 0:
+    if max_seconds is not None and (isinstance(max_seconds, bool)
+                                    or not isinstance(max_seconds, (int, float))
+                                    or not max_seconds > 0):
         raise ProgrammingError(f"max_seconds must be a positive number of seconds, "
                                f"got {max_seconds!r}")
     saved = saved_run(db, preset=preset, resume=resume)
