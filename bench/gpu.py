@@ -45,8 +45,7 @@ def train_rate(docs: list[dict], work: Path, *, steps: int, batch: int, warmup: 
 
     import npmdb
     import npmdb.train.rows as rows
-    from npmdb.storage.dense import DenseParams
-    from npmdb.train.recipe import RECIPE, _training_index
+    from npmdb.train.recipe import RECIPE, training_db_options
 
     path = work / f"train-{'cudnn' if cudnn else 'npmdb'}"
     cuda = torch.cuda.is_available()
@@ -61,8 +60,7 @@ def train_rate(docs: list[dict], work: Path, *, steps: int, batch: int, warmup: 
     if cudnn:
         rows.forward_context = _cudnn_allowed
     try:
-        with npmdb.open(path, encoder=encoder, index=_training_index(), codec="int4",
-                        progress=False, dense_params=DenseParams(m=8, ef_construction=40)) as db:
+        with npmdb.open(path, progress=False, **training_db_options(encoder)) as db:
             db.add(docs)
             hp = {k: RECIPE[k] for k in ("lr", "group_size", "span_unit", "seed")}
             t0 = time.perf_counter()

@@ -43,7 +43,8 @@ from typing import Any
 from npmdb.errors import ProgrammingError
 
 __all__ = ["RECIPE", "FOCUS", "EXTEND", "SHIPPED_NAME", "build_corpus", "build_focus_corpus",
-           "extend_corpus", "ingest", "focus_db", "extend_db", "run_training", "export", "main"]
+           "extend_corpus", "ingest", "focus_db", "extend_db", "training_db_options",
+           "run_training", "export", "main"]
 
 SHIPPED_NAME = "npmdb/all-MiniLM-L6-v2-npm"
 STAGES = ("corpus", "ingest", "train", "focus", "extend", "export")
@@ -157,28 +158,34 @@ def focus_db(out: Path, start: Path | None = None, *, progress: bool = True):
 
 def _training_db(path: Path, corpus: Path, encoder, *, progress: bool):
     import npmdb
-    from npmdb.storage.dense import DenseParams
 
     # a database made earlier keeps its recorded (possibly trained) encoder and settings
     made = path.exists()
-    # Training reads the text and encodes its batches itself; nobody searches this
-    # database's vectors, so it takes the cheapest index to write (an IVF add, not an
-    # HNSW graph: minutes less at ingest and at every refresh) and compact rows. Without
-    # FAISS (a GPU machine's own Python, say) a sparse HNSW graph stands in.
-    options = {} if made else {"encoder": encoder, "index": _training_index(), "codec": "int4"}
-    db = npmdb.open(path, progress=progress, dense_params=DenseParams(m=8, ef_construction=40),
-                    **options)
+    options = training_db_options(encoder)
+    if made:
+        options = {"dense_params": options["dense_params"]}
+    db = npmdb.open(path, progress=progress, **options)
     if db.count() == 0:
         db.add(corpus, message=f"recipe corpus {corpus.name}")
     return db
 
 
-def _training_index() -> str:
+def training_db_options(encoder=None) -> dict[str, Any]:
+    """``npmdb.open`` options for a database that only training reads.
+
+    Training reads the text and encodes its batches itself; nobody searches this
+    database's vectors, so it takes the cheapest index to write (an IVF add, not an HNSW
+    graph: minutes less at ingest and at every refresh) and compact rows. Without FAISS
+    (a GPU machine's own Python, say) a sparse HNSW graph stands in."""
+    from npmdb.storage.dense import DenseParams
+
     try:
         import faiss  # noqa: F401
+        index = "ivf"
     except ImportError:
-        return "hnsw"
-    return "ivf"
+        index = "hnsw"
+    return {"encoder": encoder, "index": index, "codec": "int4",
+            "dense_params": DenseParams(m=8, ef_construction=40)}
 
 
 def extend_corpus(out: Path, which: str = "focus") -> Path:
