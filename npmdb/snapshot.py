@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from npmdb.errors import OperationalError
+from npmdb.storage.dense import IVF
 from npmdb.storage.segments import SegmentColumns, SegmentReader, StoredDoc
 from npmdb.storage import versions as V
 from npmdb.storage.versions import Manifest
@@ -52,6 +53,7 @@ class Snapshot:
         self._filter_cache = filter_cache if filter_cache is not None else {}
         self._columns: dict[int, SegmentColumns] = {}
         self._columns_lock = threading.Lock()
+        self._ivf_entries: int | None = None
 
     def encoder(self) -> "Encoder":
         return self._encoder()
@@ -92,6 +94,19 @@ class Snapshot:
     def dense(self, si: int, side: str):
         """Segment ``si``'s dense index of ``side`` for this snapshot's generation."""
         return self.segments[si].dense(self.generation, side, self.columns(si).flags)
+
+    def ivf_entries(self) -> int:
+        """Entries in the IVF-PQ lists of every segment of this snapshot (one template per
+        generation: list ``i`` of each segment is a part of one list ``i``), which sets how
+        many lists a search probes (:func:`npmdb.storage.ivf.probe_count`); 0 without."""
+        if self._ivf_entries is None:
+            total = 0
+            for si, seg in enumerate(self.segments):
+                if seg.record.dense == IVF:
+                    file = self.dense(si, "start").file
+                    total += file.entries if file.approximate else 0
+            self._ivf_entries = total
+        return self._ivf_entries
 
     def doc(self, si: int, local: int) -> StoredDoc:
         return self.segments[si].doc(self.txn, local)

@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping, TypeVar
 import numpy as np
 
 from npmdb.storage.bm25 import analyze, global_idf
+from npmdb.storage.dense import IVF
 from npmdb.storage.format import VALID_END, VALID_START, WORD_END, WORD_START
 
 from .scoring import sorted_unique
@@ -353,6 +354,13 @@ def _top_candidates(found: list[tuple[int, np.ndarray, np.ndarray]], n: int
     segs = np.concatenate([np.full(len(p), si, np.int64) for si, p, _ in found])
     key = segs * (1 << 40) + np.concatenate([p for _, p, _ in found])
     sc = np.concatenate([s for _, _, s in found])
+    if len(sc) > 2 * n > 0:
+        # a pair is found at most twice (once a side), so the best n distinct pairs are
+        # among the best 2n entries: keep every entry scoring at least the 2n-th best
+        # (ties included, so the order below is the same) and sort only those
+        cut = np.partition(sc, len(sc) - 2 * n)[len(sc) - 2 * n]
+        near = sc >= cut
+        key, sc = key[near], sc[near]
     order = np.lexsort((key, -sc))  # best first, ties by (segment, position)
     key, sc = key[order], sc[order]
     _, first = np.unique(key, return_index=True)  # a token found from both sides once
@@ -423,6 +431,7 @@ class DenseTopK(Operator):
         if id(self) not in st.prepared:
             self.prepare(st)
         allowed = st.prepared.pop(id(self))
+        entries = snap.ivf_entries()  # IVF lists probed by what all segments hold
 
         def one(si: int) -> list:
             out = []
@@ -430,8 +439,9 @@ class DenseTopK(Operator):
                 idx = snap.dense(si, side)
                 refine = getattr(idx, "refine", 1)  # compressed codes: re-rank refine * k
                 want = self.k * refine
+                more = {"entries": entries} if idx.kind == IVF else {}
                 while True:
-                    labels, scores = idx.search(q, want)
+                    labels, scores = idx.search(q, want, **more)
                     if allowed[si] is not None and len(labels):
                         keep = allowed[si][snap.columns(si).doc_of(labels)]
                         labels, scores = labels[keep], scores[keep]

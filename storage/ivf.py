@@ -20,6 +20,13 @@ segment's token positions (FAISS ``IDSelectorBitmap``), so no side is over-fetch
 * **Exact where it counts.** PQ scores only rank candidates: a search returns
   ``refine * k`` of them (:attr:`IvfSide.refine`) and the query engine re-scores those
   exactly from the stored vectors before keeping the top ``k``.
+* **Probes by what is wanted, not by segment.** One template means list ``i`` of every
+  segment is a part of one list ``i`` of the generation, so a search probes as many lists
+  as hold about ``scan`` entries per candidate wanted, counting every segment's entries
+  (:func:`probe_count`, between ``min_nprobe`` and ``nprobe``). As a corpus grows its
+  lists fill up and fewer of them hold the best candidates: at 1M tokens a k = 1,024
+  search probes ``nprobe`` (48) lists, at 10M 16, and the lists scanned per query stop
+  growing with the corpus (bench/results/ivf-probes.md).
 * **Small segments.** A segment written before any template exists and with fewer than
   :data:`MIN_TRAIN` vectors gets an exact flat index in the same file (a few MB at most);
   the file says which it holds.
@@ -40,7 +47,7 @@ from .paths import fsync_path
 
 __all__ = ["IvfParams", "IvfFile", "IvfSide", "MIN_TRAIN", "template_key", "train_template",
            "build_ivf", "Entries", "Coder", "BackgroundCoder", "load_template",
-           "check_ivf_params", "side_bitmap", "IVF_FILE", "read_template"]
+           "check_ivf_params", "side_bitmap", "IVF_FILE", "read_template", "probe_count"]
 
 MIN_TRAIN = 4096  # vectors a template is trained on at least (PQ's 256 centroids each)
 IVF_FILE = "tokens.ivf"  # g{gen}.tokens.ivf
@@ -51,13 +58,17 @@ class IvfParams:
     """IVF-PQ settings. ``nlist``: coarse lists (None: a power of two near 4·√n of the
     training vectors, at least 39 training vectors per list); ``m``: PQ bytes per vector
     (None: 64, NPM's code size, or the largest divisor of the dimension below it);
-    ``nprobe``: lists searched per query; ``refine``: candidates re-scored exactly per
-    wanted one; ``train_points``: the largest training sample."""
+    ``nprobe``: the most lists searched per query and segment; ``min_nprobe``: the fewest;
+    ``scan``: index entries scanned per candidate wanted, which picks the lists between
+    the two (:func:`probe_count`); ``refine``: candidates re-scored exactly per wanted
+    one; ``train_points``: the largest training sample."""
 
     nlist: int | None = None
     m: int | None = None
     nprobe: int = 48
-    refine: int = 2
+    min_nprobe: int = 16
+    scan: int = 14
+    refine: int = 3
     train_points: int = 131072
 
 
@@ -78,13 +89,27 @@ def _pq_m(dim: int, m: int | None) -> int:
 def check_ivf_params(params: IvfParams, dim: int) -> None:
     """Raise :class:`ProgrammingError` for settings that cannot work (before any write)."""
     _pq_m(dim, params.m)
-    for name in ("nprobe", "refine", "train_points"):
+    for name in ("nprobe", "min_nprobe", "scan", "refine", "train_points"):
         v = getattr(params, name)
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ProgrammingError(f"IvfParams.{name} must be a positive integer, got {v!r}")
     if params.nlist is not None and (not isinstance(params.nlist, int) or params.nlist < 1):
         raise ProgrammingError(f"IvfParams.nlist must be a positive integer or None, got "
                                f"{params.nlist!r}")
+
+
+def probe_count(params: IvfParams, wanted: int, entries: int, nlist: int) -> int:
+    """Lists to probe for ``wanted`` candidates when the generation's lists (``nlist`` of
+    them, one template) hold ``entries`` over all the segments searched: enough that about
+    ``params.scan`` entries are scanned per candidate wanted, at least ``min_nprobe`` and
+    at most ``nprobe`` (which wins) and ``nlist``.
+
+    Measured on the int4 dev replays (k = 1,024, refine 3, recall against an exact scan):
+    at 1M tokens 48 lists give 0.980 (24: 0.938); at 10.5M 16 lists give 0.981 and 48 no
+    more, at a third of the scan (bench/results/ivf-probes.md)."""
+    mean = max(entries / max(nlist, 1), 1.0)
+    want = math.ceil(params.scan * max(wanted, 1) / mean)
+    return int(max(1, min(nlist, params.nprobe, max(params.min_nprobe, want))))
 
 
 def _auto_nlist(n: int) -> int:
@@ -332,6 +357,11 @@ class IvfFile:
     def kind(self) -> str:
         return "ivf-pq" if self.approximate else "flat"
 
+    @property
+    def entries(self) -> int:
+        """Index entries (valid starts and ends) in the file's lists."""
+        return int(self.index.ntotal)
+
     def side(self, bitmap: np.ndarray, count: int, params: IvfParams) -> "IvfSide":
         return IvfSide(self, bitmap, count, params)
 
@@ -354,15 +384,24 @@ class IvfSide:
     def __len__(self) -> int:
         return self.count
 
-    def search(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def probes(self, k: int, entries: int | None = None) -> int:
+        """Lists a search for ``k`` probes when the lists searched hold ``entries`` in all
+        (None: this file's own; the query engine passes every segment's, see
+        :func:`probe_count`)."""
+        return probe_count(self.params, k, self.file.entries if entries is None else entries,
+                           self.file.ivf.nlist)
+
+    def search(self, q: np.ndarray, k: int, entries: int | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """The ``k`` best of this side by PQ score (exact on a flat file); ``entries``:
+        the entries of every segment searched with the same template (:meth:`probes`)."""
         import faiss
 
         k = min(k, self.count)
         if k <= 0:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
         if self.file.approximate:
-            nprobe = min(self.params.nprobe, self.file.ivf.nlist)
-            sp = faiss.SearchParametersIVF(sel=self.selector, nprobe=nprobe)
+            sp = faiss.SearchParametersIVF(sel=self.selector, nprobe=self.probes(k, entries))
         else:
             sp = faiss.SearchParameters(sel=self.selector)
         scores, labels = self.file.index.search(

@@ -97,7 +97,7 @@ def test_recall_against_exact_and_exact_rescores(ivf_path):
             for side, bit in (("start", VALID_START), ("end", VALID_END)):
                 seg.columns(snap.txn)
                 idx = seg.dense(snap.generation, side)
-                assert idx.approximate and idx.refine == 2
+                assert idx.approximate and idx.refine == I.IvfParams().refine
                 cols = seg.columns()
                 for t in rng.choice(cols.n_tokens, 5, replace=False):
                     # a query near the corpus (as an encoded mask is): a token's vector
@@ -122,13 +122,15 @@ def test_recall_against_exact_and_exact_rescores(ivf_path):
         got = op.run(st).by_side["start"]
         q = st.outputs[id(enc)].side("start")
         approx, pool = [], []
+        refine = I.IvfParams().refine
         for si, seg in enumerate(snap.segments):
             idx = seg.dense(snap.generation, "start")
-            pos, sc = idx.search(q, 32 * idx.refine)
+            # probes set by every segment's entries, as the operator searches
+            pos, sc = idx.search(q, 32 * idx.refine, entries=snap.ivf_entries())
             (approx if idx.approximate else pool).extend(
                 (float(x), si, int(p)) for x, p in zip(sc, pos))
-        assert len(approx) == 2 * 64  # two ivf-pq segments
-        for _, si, p in sorted(approx, reverse=True)[:64]:
+        assert len(approx) == 2 * 32 * refine  # two ivf-pq segments
+        for _, si, p in sorted(approx, reverse=True)[:32 * refine]:
             seg = snap.segments[si]
             pool.append((float(seg.vectors(snap.txn, snap.generation, np.array([p]))[0] @ q),
                          si, p))
@@ -398,3 +400,72 @@ def test_the_coder_assigns_the_nearest_list_and_codes_as_faiss_does():
     again = ivf.Coder(ivf.load_template(faiss.serialize_index(index).tobytes(), 48))
     f = again.encode(x[20000:], np.arange(20000))   # another process: the same entries
     assert (f.lists == e.lists).all() and (f.codes == e.codes).all()
+
+
+def test_probes_follow_what_the_lists_hold():
+    """A search probes lists holding ~``scan`` entries per candidate wanted, between
+    ``min_nprobe`` and ``nprobe`` (which wins) and never more than ``nlist``."""
+    p = I.IvfParams()
+    assert (p.nprobe, p.min_nprobe, p.scan, p.refine) == (48, 16, 14, 3)
+    k3 = 1024 * p.refine
+    # the dev replays' entries: 1M tokens 501k, 10.5M 5.51M (both sides, one template)
+    assert I.probe_count(p, k3, 501_000, 2048) == 48        # 1M tokens: capped at nprobe
+    assert I.probe_count(p, k3, 5_513_464, 2048) == 16      # 10M: fuller lists, fewer
+    assert I.probe_count(p, k3, 55_000_000, 2048) == 16     # never below min_nprobe
+    assert I.probe_count(p, 4096 * p.refine, 5_513_464, 2048) == 48
+    assert I.probe_count(I.IvfParams(nprobe=4), k3, 501_000, 2048) == 4
+    assert I.probe_count(p, k3, 1000, 8) == 8
+    for bad in (dict(scan=0), dict(min_nprobe=-1), dict(scan=1.5)):
+        with pytest.raises(npmdb.ProgrammingError, match="IvfParams"):
+            I.check_ivf_params(I.IvfParams(**bad), 384)
+
+
+def test_snapshot_counts_every_segments_entries(ivf_path):
+    with npmdb.open(ivf_path, readonly=True, progress=False) as db, db.snapshot() as snap:
+        files = [snap.dense(si, "start").file for si in range(len(snap.segments))]
+        total = sum(f.entries for f in files if f.approximate)
+        assert snap.ivf_entries() == total > 0
+        idx = snap.dense(1, "start")
+        assert idx.approximate
+        # the whole snapshot's lists hold more than one segment's: no more probes
+        assert idx.probes(64 * idx.refine, total) <= idx.probes(64 * idx.refine)
+
+
+def test_global_candidates_match_a_full_sort():
+    """``_top_candidates`` sorts only the entries that can make the best n (at most two per
+    pair: one a side) and still gives what a sort of everything gives, ties included."""
+    from npmdb.query.operators import _top_candidates
+
+    rng = np.random.default_rng(5)
+    for trial in range(40):
+        found = []
+        for si in range(int(rng.integers(1, 6))):
+            m = int(rng.integers(0, 300))
+            pos = rng.choice(1000, m, replace=False).astype(np.int64)
+            sc = np.round(rng.normal(size=m), 1).astype(np.float32)  # many ties
+            found.append((si, pos, sc))
+            if trial % 2:  # the other side of the same segment: some pairs twice
+                again = pos[: m // 2]
+                found.append((si, again, np.round(rng.normal(size=len(again)), 1)
+                              .astype(np.float32)))
+        n = int(rng.integers(1, 400))
+        best: dict = {}
+        for si, pos, sc in found:
+            for p, x in zip(pos.tolist(), sc.tolist()):
+                best[(si, p)] = max(best.get((si, p), -np.inf), x)
+        want = sorted(best.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+        got = [((si, int(p)), float(x)) for si, ps, xs in _top_candidates(found, n)
+               for p, x in zip(ps, xs)]
+        assert sorted(got) == sorted((k, float(np.float32(v))) for k, v in want)
+
+
+def test_probes_bench_step(ivf_path):
+    """bench.probes: recall against an exact scan and the lists probed, per setting."""
+    from bench.probes import measure, render
+
+    rows = [{"query": q} for q in QUERIES[:2]]
+    res = measure(ivf_path, ["default", "2x2"], rows, 16, log=lambda m: None)
+    default, two = res["settings"]
+    assert two["probes"] == [2] and default["probes"] == [16]  # min_nprobe: small lists
+    assert all(0.0 <= s["recall"] <= 1.0 and s["ms_p50"] > 0 for s in (default, two))
+    assert "| db | " in render({"k": 16, "queries": 2, "dbs": [res]})
