@@ -19,6 +19,7 @@ import numpy as np
 from .corpus import Document
 from npmdb.storage import codec as C
 from npmdb.storage import versions as V
+from npmdb.storage.dense import IVF
 from npmdb.storage.cleanup import drop_unkept, empty_trash
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -105,6 +106,7 @@ def _merge_live(sw: Any, r: "SegmentReader", txn, head: V.Manifest) -> None:
     blocks' columns and stored vector rows, copied from the chunks they lie in."""
     cols = r.columns(txn)
     ptr, bdoc = cols.block_ptr, cols.block_doc
+    coded: Any = False  # r's IVF entries, where they can be copied (decided at the first rows)
     live = np.ones(r.record.docs, dtype=bool)
     live[list(head.deleted.get(r.seg, ()))] = False
     edges = np.flatnonzero(np.diff(np.concatenate([[0], live.astype(np.int8), [0]])))
@@ -117,11 +119,18 @@ def _merge_live(sw: Any, r: "SegmentReader", txn, head: V.Manifest) -> None:
             "offsets": cols.offsets[lo:hi], "block_ptr": ptr[b0:b1 + 1] - lo,
             "block_doc": bdoc[b0:b1] - d0})
         n, copy = r.chunk, _same_codec(r.record.codec, sw.codec.name)
+        if coded is False:
+            # rows copied in their codec into an IVF segment of the same generation (one
+            # template): the source's list numbers and PQ codes are copied too, not
+            # computed again (a kind can only turn to ivf as tokens arrive, never back)
+            coded = r.ivf_coded(head.generation) if copy and sw.kind() == IVF else None
         for c in range(lo // n, (hi - 1) // n + 1 if hi > lo else lo // n):
             stored = r.stored_chunk(txn, head.generation, c)
             a, z = max(lo, c * n), min(hi, (c + 1) * n)
             rows = stored[a - c * n:z - c * n]
-            if copy:
+            if coded is not None:
+                sw.add_encoded(np.array(rows), coded.between(a, z))
+            elif copy:
                 sw.add_stored(np.array(rows))
             else:  # another codec: decoded, then coded as the merged segment's
                 sw.add_vectors(r.codec.decode(rows))

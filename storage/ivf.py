@@ -172,6 +172,11 @@ class Entries:
     def shifted(self, by: int) -> "Entries":
         return Entries(self.labels + by, self.lists, self.codes)
 
+    def between(self, lo: int, hi: int) -> "Entries":
+        """The entries of positions ``lo`` to ``hi`` (labels ascending), from position 0."""
+        a, z = np.searchsorted(self.labels, [lo, hi])
+        return Entries(self.labels[a:z] - lo, self.lists[a:z], self.codes[a:z])
+
     @staticmethod
     def concat(parts: list["Entries"]) -> "Entries | None":
         if not parts:
@@ -361,6 +366,30 @@ class IvfFile:
     def entries(self) -> int:
         """Index entries (valid starts and ends) in the file's lists."""
         return int(self.index.ntotal)
+
+    def coded(self) -> Entries:
+        """Every entry of an IVF-PQ file as :class:`Entries` (token positions ascending):
+        what ``optimize`` hands to a merged segment of the same template instead of coding
+        the vectors again."""
+        import faiss
+
+        if not self.approximate:
+            raise OperationalError(f"{self.path} is an exact (flat) index: it has no codes")
+        inv, size = self.ivf.invlists, self.ivf.code_size
+        labels, lists, codes = [], [], []
+        for i in range(self.ivf.nlist):
+            n = inv.list_size(i)
+            if not n:
+                continue
+            labels.append(faiss.rev_swig_ptr(inv.get_ids(i), n).astype(np.int64))
+            codes.append(faiss.rev_swig_ptr(inv.get_codes(i), n * size).reshape(n, size).copy())
+            lists.append(np.full(n, i, np.int64))
+        if not labels:
+            return Entries(np.zeros(0, np.int64), np.zeros(0, np.int64),
+                           np.zeros((0, size), np.uint8))
+        got = Entries(np.concatenate(labels), np.concatenate(lists), np.concatenate(codes))
+        order = np.argsort(got.labels, kind="stable")
+        return Entries(got.labels[order], got.lists[order], got.codes[order])
 
     def side(self, bitmap: np.ndarray, count: int, params: IvfParams) -> "IvfSide":
         return IvfSide(self, bitmap, count, params)

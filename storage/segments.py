@@ -26,7 +26,7 @@ from . import codec as C
 from . import format as F
 from .bm25 import BM25Index
 from .dense import IVF, DenseIndex, DenseParams, load_dense
-from .ivf import IVF_FILE, IvfFile, IvfSide, side_bitmap
+from .ivf import IVF_FILE, Entries, IvfFile, IvfSide, side_bitmap
 from .integrity import read_doc_crcs, read_sums, validate_index_files, verify_files
 from .paths import dense_path, fsync_path, segment_dir
 
@@ -278,6 +278,14 @@ class SegmentReader:
                                          self.dim, self.params)
                     self._dense[key] = idx
         return idx
+
+    def ivf_coded(self, gen: int) -> "Entries | None":
+        """Generation ``gen``'s IVF entries, coded (:meth:`IvfFile.coded`), or None where
+        the segment's dense index is not an IVF-PQ file (another kind, or exact)."""
+        if self.record.dense != IVF:
+            return None
+        file = self._ivf_side(gen, "start", None).file
+        return file.coded() if file.approximate else None
 
     def _ivf_side(self, gen: int, side: str, flags: np.ndarray | None) -> IvfSide:
         """A side of the segment's one IVF file (loaded once per generation), selected by

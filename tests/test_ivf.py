@@ -469,3 +469,43 @@ def test_probes_bench_step(ivf_path):
     assert two["probes"] == [2] and default["probes"] == [16]  # min_nprobe: small lists
     assert all(0.0 <= s["recall"] <= 1.0 and s["ms_p50"] > 0 for s in (default, two))
     assert "| db | " in render({"k": 16, "queries": 2, "dbs": [res]})
+
+
+def test_optimize_merges_ivf_segments_by_copying_their_codes(ivf_path, tmp_path,
+                                                             sample_corpus, monkeypatch):
+    """optimize() over IVF-PQ segments of one template copies their list numbers and PQ
+    codes (deleted documents' dropped, positions moved) instead of coding the vectors
+    again; the merged file is what coding them again would write."""
+    import shutil
+    dst = tmp_path / "db"
+    shutil.copytree(ivf_path, dst)
+    with npmdb.open(dst, progress=False) as db:
+        db.delete([sample_corpus[30]["id"], sample_corpus[1600]["id"]])
+        before = [[(a.text, round(a.score, 5)) for a in db.fill_mask(q, exact=True, top=5)]
+                  for q in QUERIES]
+        with db.snapshot() as snap:  # segment 0 is flat: only its rows need coding
+            flags0 = snap.segments[0].columns().flags
+            need0 = int(np.count_nonzero(flags0 & (VALID_START | VALID_END)))
+        coded = []
+        real = I.Coder.encode
+        monkeypatch.setattr(I.Coder, "encode",
+                            lambda self, v, labels: coded.append(len(labels)) or
+                            real(self, v, labels))
+        db.optimize()
+        assert db.stats()["index"] == {"ivf": 1}
+        assert sum(coded) == need0
+        after = [[(a.text, round(a.score, 5)) for a in db.fill_mask(q, exact=True, top=5)]
+                 for q in QUERIES]
+        assert after == before
+        with db.snapshot() as snap:
+            seg = snap.segments[0]
+            got = seg.ivf_coded(snap.generation)
+            valid = np.flatnonzero(seg.columns().flags & (VALID_START | VALID_END))
+            np.testing.assert_array_equal(got.labels, valid)  # every start or end, once
+            tmpl = I.load_template(I.read_template(db.env, snap.generation), seg.dim)
+            monkeypatch.setattr(I.Coder, "encode", real)
+            want = I.Coder(tmpl).encode(seg.vectors(snap.txn, snap.generation, got.labels),
+                                        got.labels)
+            np.testing.assert_array_equal(got.lists, want.lists)
+            np.testing.assert_array_equal(got.codes, want.codes)
+        assert db.check().ok
