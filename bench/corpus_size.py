@@ -3,6 +3,9 @@
     python -m bench.corpus_size build/replay-1m-int4 build/replay-3m-int4 \\
         build/replay-10m-int4 [--rounds 2] [--queries 100] [--name int4]
 
+Databases merged into one segment (``python -m bench.replay --merge``) can join the list:
+the plot draws them as a second line.
+
 Each database (the real 1M-token dev database written at the settings, then larger ones
 made by ``bench.replay``) is measured in a fresh process by ``bench.replay.measure``:
 bytes per token on disk, open time (imports excluded), dense ``fill_mask`` p50/p99 at
@@ -104,7 +107,13 @@ def plot(out: dict, path: Path) -> str | None:
     except ImportError:  # pragma: no cover - the bench extra installs it
         return None
     rows = out["rows"]
-    t = [r["tokens"] / 1e6 for r in rows]
+    # one line per layout: the databases as written (a segment per add) and, where the
+    # run has them, the same merged into one segment by optimize() (single-segment rows
+    # belong to both)
+    layouts = [("", [r for r in rows if r["segments"] > 1 or r is rows[0]])]
+    merged = [r for r in rows if r["segments"] == 1]
+    if len(merged) > 1 and len(merged) < len(rows):
+        layouts = [(" (as written)", layouts[0][1]), (" (optimized)", merged)]
     fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
     panels = [("bytes per token on disk", [("B/token", "bytes_per_token")]),
               ("memory (MB)", [("anon", "anon_mb"), ("VmRSS", "rss_mb")]),
@@ -112,9 +121,10 @@ def plot(out: dict, path: Path) -> str | None:
               ("open (ms) and build (s)", [("open ms", "open_ms"), ("build s", "build_s")])]
     for ax, (title, series) in zip(axes, panels):
         for label, key in series:
-            pts = [(x, r[key]) for x, r in zip(t, rows) if r.get(key) is not None]
-            if pts:
-                ax.plot(*zip(*pts), marker="o", label=label)
+            for (suffix, part), style in zip(layouts, ("-", "--")):
+                pts = [(r["tokens"] / 1e6, r[key]) for r in part if r.get(key) is not None]
+                if pts:
+                    ax.plot(*zip(*pts), style, marker="o", label=label + suffix)
         ax.set_xscale("log")
         ax.set_ylim(bottom=0)
         ax.set_xlabel("corpus tokens (millions)")

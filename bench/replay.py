@@ -20,7 +20,8 @@ with the candidates an index must scan, as it would on real text.
 Then, in a fresh process: bytes per token on disk, open time, dense ``fill_mask`` p50/p99
 at k=1024 on cloze queries of ``--data``, and resident memory (RSS, anon). Results go to
 ``bench/results/replay-<name>.json`` / ``.md``; ``--measure-only`` re-measures an existing
-``--dst``.
+``--dst``; ``--merge --src A --dst B`` makes B a copy of A with its segments merged into one
+by ``optimize()`` (what a user runs once a corpus is loaded) and measures it.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import load_jsonl, percentiles, publish
+from .common import RESULTS, load_jsonl, percentiles, publish
 
 _PROBE = r"""
 import json, sys, time
@@ -112,6 +113,46 @@ def replay(src: Path, dst: Path, tokens: int, index: str, codec: str, noise: flo
             "index": index, "codec": codec, "build_s": time.perf_counter() - t0}
 
 
+def merge(src: Path, dst: Path, log=print) -> dict:
+    """``dst``: a copy of ``src`` with its segments merged by ``optimize()`` (IVF codes
+    copied, not computed again), vacuumed, its LMDB file then copied compacted (LMDB
+    never shrinks a file: the pages the old segments held stay free in it)."""
+    import shutil
+    import tempfile
+
+    import lmdb
+
+    import npmdb
+
+    if dst.exists():
+        raise SystemExit(f"{dst} exists: remove it or choose another --dst")
+    t0 = time.perf_counter()
+    shutil.copytree(src, dst)
+    copy_s = time.perf_counter() - t0
+    with npmdb.open(dst, progress=False) as db:
+        before = db.stats()["segments"]
+        t = time.perf_counter()
+        db.optimize()
+        optimize_s = time.perf_counter() - t
+        db.vacuum()
+    uncompacted = (dst / "data.mdb").stat().st_size
+    with tempfile.TemporaryDirectory(dir=dst) as tmp:
+        env = lmdb.open(str(dst), readonly=True, lock=False, max_dbs=64, subdir=True)
+        env.copy(tmp, compact=True)
+        env.close()
+        Path(tmp, "data.mdb").replace(dst / "data.mdb")
+    log(f"merged {before} segments in {optimize_s:.1f} s; data.mdb {uncompacted / 1e9:.2f} GB "
+        f"-> {(dst / 'data.mdb').stat().st_size / 1e9:.2f} GB compacted")
+    rec = RESULTS / f"replay-{src.name}.json"
+    src_build = json.loads(rec.read_text()).get("build", {}) if rec.exists() else {}
+    return {"src": str(src), "dst": str(dst), "merged_segments": before,
+            "optimize_s": optimize_s, "copy_s": copy_s, "data_mdb_before_compaction":
+            uncompacted, "copies": src_build.get("copies"), "noise": src_build.get("noise"),
+            "build_s": (src_build.get("build_s") or 0.0) + optimize_s,
+            "note": f"{src.name} ({src_build.get('build_s', float('nan')):.0f} s) merged "
+                    f"by optimize() ({optimize_s:.0f} s)"}
+
+
 def measure(dst: Path, data: Path, k: int, n: int) -> dict:
     qs = [r["query"] for r in load_jsonl(data / "cloze.jsonl")[:n]]
     out = subprocess.run([sys.executable, "-c", _PROBE, str(dst), json.dumps(qs), str(k)],
@@ -139,8 +180,10 @@ def render(out: dict) -> str:
         "Median ms per operator: " + ", ".join(f"{k} {v:.1f}" for k, v in
                                                sorted(m["stages"].items(), key=lambda x: -x[1])),
         "", f"k={out['k']}, {out['queries']} cloze queries, measured in a fresh process "
-        f"(RSS after the queries; the LMDB file and IVF lists are memory-mapped). Built from "
-        f"{b.get('src', '?')} by {b.get('copies', '?')} copies, noise {b.get('noise', '?')}.",
+        f"(RSS after the queries; the LMDB file and IVF lists are memory-mapped). " + (
+            f"Built as {b['note']}." if "note" in b else
+            f"Built from {b.get('src', '?')} by {b.get('copies', '?')} copies, noise "
+            f"{b.get('noise', '?')}."),
         ""])
 
 
@@ -156,13 +199,16 @@ def main(argv=None) -> int:
     ap.add_argument("--queries", type=int, default=100)
     ap.add_argument("-k", type=int, default=1024)
     ap.add_argument("--measure-only", action="store_true")
+    ap.add_argument("--merge", action="store_true",
+                    help="copy --src and merge its segments into one with optimize()")
     a = ap.parse_args(argv)
     out: dict = {"dst": str(a.dst), "k": a.k, "queries": a.queries}
-    if not a.measure_only:
+    if a.merge:
+        out["build"] = merge(a.src, a.dst, log=lambda m: print(m, file=sys.stderr, flush=True))
+    elif not a.measure_only:
         out["build"] = replay(a.src, a.dst, a.tokens, a.index, a.codec, a.noise,
                               log=lambda m: print(m, file=sys.stderr, flush=True))
     else:  # keep how the database was built, from the run that built it
-        from .common import RESULTS
         prev = RESULTS / f"replay-{a.dst.name}.json"
         if prev.exists():
             out["build"] = json.loads(prev.read_text()).get("build", {})

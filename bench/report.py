@@ -246,6 +246,9 @@ def scale_section(results_dir: Path = RESULTS) -> list[str]:
     out += _own_run(results_dir / "compact-em-dev.md", "Answers lost to compression (codec + "
                     "index, 1M tokens)", "`python -m bench.compact_em` (the dev database "
                     "against copies written with another codec and index by `bench.replay`)")
+    out += _own_run(results_dir / "ivf-probes.md", "IVF lists probed against corpus size",
+                    "`python -m bench.probes build/replay-1m-int4 build/replay-10m-int4` "
+                    "(recall of the candidates against an exact scan of every stored vector)")
     for p in sorted(results_dir.glob("corpus-size-*.md")):
         head, body = p.read_text(encoding="utf-8").rstrip().split("\n", 1)
         out += ["", head, "", "`python -m bench.corpus_size` (the same settings at growing "

@@ -64,7 +64,7 @@ def test_replay_and_corpus_size_scale_step(tiny_data, tiny_encoder, tmp_path, sa
     each database in a fresh process and plots cost against size."""
     import npmdb
     from bench.corpus_size import plot, render, run
-    from bench.replay import replay
+    from bench.replay import merge, replay
 
     src = tmp_path / "src"
     with npmdb.open(src, encoder=tiny_encoder, index="ivf", codec="int4", progress=False) as db:
@@ -73,10 +73,14 @@ def test_replay_and_corpus_size_scale_step(tiny_data, tiny_encoder, tmp_path, sa
     big = tmp_path / "big"
     rec = replay(src, big, 3 * n, "ivf", "int4", 0.05, log=lambda m: None)
     assert rec["copies"] == 3
-    out = run([src, big], tiny_data, k=16, queries=3, rounds=1, log=lambda m: None)
-    small_row, big_row = out["rows"]
+    merged = tmp_path / "merged"  # bench.replay --merge: the copy optimized into one segment
+    m = merge(big, merged, log=lambda msg: None)
+    assert m["merged_segments"] == 3 and m["optimize_s"] > 0
+    out = run([src, big, merged], tiny_data, k=16, queries=3, rounds=1, log=lambda m: None)
+    small_row, big_row, merged_row = out["rows"]
     assert big_row["tokens"] == 3 * small_row["tokens"] and big_row["segments"] == 3
     assert big_row["index"] == {"ivf": 3} and big_row["p50"] > 0 and big_row["anon_mb"] > 0
+    assert merged_row["tokens"] == big_row["tokens"] and merged_row["segments"] == 1
     out["name"] = "tiny"
     out["plot"] = plot(out, tmp_path / "size.png")
     if importlib.util.find_spec("matplotlib"):  # the bench extra (make test does not install it)
