@@ -50,7 +50,9 @@ def ingest(docs: list[dict], encoder=None, index: str = "hnsw", codec: str = "fl
     """Tokens/s of db.add vs the encoder alone (tokenize + encode the same blocks), into
     a database of dense ``index`` and ``codec``; ``warm`` documents are added first,
     untimed (for ``ivf``: the add that trains the template, so the timed add is one into
-    a trained index, as every add after a database's first)."""
+    a trained index, as every add after a database's first). The encoder alone is timed
+    just before and just after the add and the two averaged: on a shared machine its
+    speed drifts by ±5 % between minutes, as much as the difference being measured."""
     import npmdb
     from npmdb.ingest import prepare
 
@@ -63,21 +65,29 @@ def ingest(docs: list[dict], encoder=None, index: str = "hnsw", codec: str = "fl
             if warm:
                 db.add(warm)
             before = db.stats()["tokens"]
+            enc = db.encoder_for(0)
+
+            def encoder_alone() -> float:
+                t = time.perf_counter()
+                prep = prepare(enc, [npmdb.Document(d.get("id"), d.get("title", ""),
+                                                    d["text"], {}) for d in docs], 256,
+                               progress=False)
+                blocks = [prep.block(b) for b in range(prep.n_blocks)]
+                for i in range(0, len(blocks), 256):
+                    enc.encode_blocks(blocks[i:i + 256])
+                return time.perf_counter() - t
+
+            t_before = encoder_alone()
             t1 = time.perf_counter()
             with timer() if timer else contextlib.nullcontext():  # e.g. stage timers
                 db.add(docs)
             t_add = time.perf_counter() - t1
             n_tokens = db.stats()["tokens"] - before
-            enc = db.encoder_for(0)
-            t2 = time.perf_counter()
-            prep = prepare(enc, [npmdb.Document(d.get("id"), d.get("title", ""), d["text"], {})
-                                 for d in docs], 256, progress=False)
-            blocks = [prep.block(b) for b in range(prep.n_blocks)]
-            for i in range(0, len(blocks), 256):
-                enc.encode_blocks(blocks[i:i + 256])
-            t_enc = time.perf_counter() - t2
+            t_after = encoder_alone()
+            t_enc = (t_before + t_after) / 2
         return {"index": index, "codec": codec, "warm_docs": len(warm),
                 "docs": len(docs), "tokens": n_tokens, "add_s": t_add, "encoder_alone_s": t_enc,
+                "encoder_alone_before_after_s": [t_before, t_after],
                 "add_tok_s": n_tokens / t_add, "encoder_tok_s": n_tokens / t_enc,
                 "ratio": t_enc / t_add, "setup_s": t1 - t0}
     finally:

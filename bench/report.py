@@ -174,7 +174,14 @@ def render(res: dict, plots: dict[str, str]) -> str:
                   f"`db.add` of {ing['docs']} documents ({ing['tokens']} tokens): "
                   f"{ing['add_tok_s']:.0f} tokens/s; the encoder alone on the same blocks "
                   f"(tokenize + forward): {ing['encoder_tok_s']:.0f} tokens/s; ratio "
-                  f"{ing['ratio']:.2f}."]
+                  f"{ing['ratio']:.2f}."
+                  + (" The encoder alone is timed just before and just after each add "
+                     "(seconds: " + "; ".join(
+                         "/".join(f"{t:.1f}" for t in x["encoder_alone_before_after_s"])
+                         for x in (ing, ing.get("ivf", {}))
+                         if "encoder_alone_before_after_s" in x)
+                     + ") and the two averaged." if "encoder_alone_before_after_s" in ing
+                     else "")]
         ivf = ing.get("ivf", {})
         if "ratio" in ivf:
             lines.append(f"Into a trained IVF with int4 rows (the large-corpus settings; the "
