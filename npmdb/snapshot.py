@@ -101,9 +101,9 @@ class Snapshot:
         many lists a search probes (:func:`npmdb.storage.ivf.probe_count`); 0 without."""
         if self._ivf_entries is None:
             total = 0
-            for si, seg in enumerate(self.segments):
+            for seg in self.segments:
                 if seg.record.dense == IVF:
-                    file = self.dense(si, "start").file
+                    file = seg.ivf_file(self.generation)
                     total += file.entries if file.approximate else 0
             self._ivf_entries = total
         return self._ivf_entries

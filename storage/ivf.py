@@ -105,8 +105,8 @@ def probe_count(params: IvfParams, wanted: int, entries: int, nlist: int) -> int
     at most ``nprobe`` (which wins) and ``nlist``.
 
     Measured on the int4 dev replays (k = 1,024, refine 3, recall against an exact scan):
-    at 1M tokens 48 lists give 0.980 (24: 0.938); at 10.5M 16 lists give 0.981 and 48 no
-    more, at a third of the scan (bench/results/ivf-probes.md)."""
+    at 1M tokens 48 lists give 0.977 (16: 0.876); at 10.5M 16 lists give 0.981 (48:
+    0.988, at three times the scan) (bench/results/ivf-probes.md)."""
     mean = max(entries / max(nlist, 1), 1.0)
     want = math.ceil(params.scan * max(wanted, 1) / mean)
     return int(max(1, min(nlist, params.nprobe, max(params.min_nprobe, want))))

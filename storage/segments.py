@@ -99,7 +99,7 @@ class SegmentReader:
         self._ivf: dict[int, IvfFile] = {}
         self._docs: OrderedDict[int, StoredDoc] = OrderedDict()
         self._views: dict[int, tuple[str, Any]] = {}  # text, view(text): see doc_view
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # dense() loads the IVF file under it (ivf_file)
         # vector chunks whose CRC was checked, by (generation, chunk): their file offset
         # and length (npmdb.storage.mapped), or None where they could not be located
         self._located: dict[tuple[int, int], tuple[int, int] | None] = {}
@@ -279,22 +279,31 @@ class SegmentReader:
                     self._dense[key] = idx
         return idx
 
+    def ivf_file(self, gen: int) -> IvfFile:
+        """The segment's one IVF file of generation ``gen`` (an ``ivf`` segment's; loaded
+        once, memory-mapped)."""
+        file = self._ivf.get(gen)
+        if file is None:
+            with self._lock:
+                file = self._ivf.get(gen)
+                if file is None:
+                    rel = f"g{gen}.{IVF_FILE}"
+                    self._verify_files([rel], crc=False)  # mapped: sizes here, CRCs in check
+                    file = self._ivf[gen] = IvfFile.load(segment_dir(self.root, self.seg) / rel)
+        return file
+
     def ivf_coded(self, gen: int) -> "Entries | None":
         """Generation ``gen``'s IVF entries, coded (:meth:`IvfFile.coded`), or None where
         the segment's dense index is not an IVF-PQ file (another kind, or exact)."""
         if self.record.dense != IVF:
             return None
-        file = self._ivf_side(gen, "start", None).file
+        file = self.ivf_file(gen)
         return file.coded() if file.approximate else None
 
     def _ivf_side(self, gen: int, side: str, flags: np.ndarray | None) -> IvfSide:
-        """A side of the segment's one IVF file (loaded once per generation), selected by
-        a bitmap of ``flags`` (kept: 1 bit a token)."""
-        file = self._ivf.get(gen)
-        if file is None:
-            rel = f"g{gen}.{IVF_FILE}"
-            self._verify_files([rel], crc=False)  # memory-mapped: sizes here, CRCs in check
-            file = self._ivf[gen] = IvfFile.load(segment_dir(self.root, self.seg) / rel)
+        """A side of the segment's one IVF file, selected by a bitmap of ``flags`` (kept:
+        1 bit a token)."""
+        file = self.ivf_file(gen)
         if flags is None:
             flags = self.columns().flags
         bit = F.VALID_START if side == "start" else F.VALID_END
