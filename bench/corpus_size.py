@@ -16,6 +16,12 @@ can drop). The databases are measured in turn for ``--rounds`` rounds and the me
 the rounds is kept, so a slow moment of the shared machine does not land on one size.
 Build times come from each database's ``bench.replay`` record.
 
+Then, where a cgroup memory controller is writable (root on Linux), each database is
+measured once more under a memory limit of ``--cap-ratio`` (default 1.3) times the first
+database's VmRSS (``bench.memcap``): VmRSS counts file pages the kernel leaves mapped while
+RAM is free, so the capped p50 is what says whether a larger database still serves in the
+memory of the smaller one.
+
 Results: ``bench/results/corpus-size-<name>.json`` / ``.md`` and a plot of each measure
 against corpus size (``corpus-size-<name>.png``).
 """
@@ -30,6 +36,7 @@ from pathlib import Path
 
 from .common import RESULTS, publish
 from .report import _save
+from .memcap import MemoryCap
 from .replay import measure
 
 
@@ -39,7 +46,8 @@ def _median_run(runs: list[dict]) -> dict:
     return order[len(order) // 2]
 
 
-def run(paths: list[Path], data: Path, k: int, queries: int, rounds: int, log=print) -> dict:
+def run(paths: list[Path], data: Path, k: int, queries: int, rounds: int,
+        cap_ratio: float = 0.0, log=print) -> dict:
     runs: dict[str, list[dict]] = {str(p): [] for p in paths}
     for r in range(rounds):
         for p in paths:
@@ -61,7 +69,23 @@ def run(paths: list[Path], data: Path, k: int, queries: int, rounds: int, log=pr
                      "stages": m["stages"], "rss_mb": m["rss"]["VmRSS"],
                      "anon_mb": m["rss"]["RssAnon"], "file_mb": m["rss"]["RssFile"],
                      "build_s": build.get("build_s"), "build": build})
-    return {"k": k, "queries": queries, "rounds": rounds, "rows": rows}
+    out = {"k": k, "queries": queries, "rounds": rounds, "rows": rows}
+    why = MemoryCap.available() if cap_ratio > 0 else "not asked for"
+    if why:
+        log(f"no memory-capped runs: {why}")
+        return out
+    out["cap_mb"] = cap_ratio * rows[0]["rss_mb"]
+    out["cap_ratio"] = cap_ratio
+    for p, row in zip(paths, rows):
+        got = measure(p, data, k, queries, cap_mb=out["cap_mb"])
+        row["capped"] = {"p50": got["latency"]["p50"], "p99": got["latency"]["p99"],
+                         "pass_p50": got["pass_p50"], "rss_mb": got["rss"]["VmRSS"],
+                         "anon_mb": got["rss"]["RssAnon"], "file_mb": got["rss"]["RssFile"],
+                         "peak_mb": got["peak_mb"]}
+        row["p50_capped"], row["rss_capped_mb"] = got["latency"]["p50"], got["rss"]["VmRSS"]
+        log(f"capped at {out['cap_mb']:.0f} MB {p.name}: p50 {got['latency']['p50']:.1f} ms "
+            f"(first pass {got['pass_p50'][0]:.1f}), VmRSS {got['rss']['VmRSS']:.0f} MB")
+    return out
 
 
 def render(out: dict) -> str:
@@ -94,9 +118,34 @@ def render(out: dict) -> str:
               "; ".join(f"{r['db']} " + "/".join(f"{x:.0f}" for x in r["p50_rounds"])
                         for r in rows) + "). Open excludes imports. The encoder forward is "
               "the median EncodeQuery of the same process.", ""]
+    if "cap_mb" in out:
+        lines += _render_capped(out)
     if out.get("plot"):
         lines += [f"![cost against corpus size]({out['plot']})", ""]
     return "\n".join(lines)
+
+
+def _render_capped(out: dict) -> list[str]:
+    rows = out["rows"]
+    base = rows[0]
+    lines = [f"### Under a memory limit: {out['cap_mb']:.0f} MB, {out['cap_ratio']:g}× the "
+             f"VmRSS of {base['db']}", "",
+             "| database | p50 ms (2nd pass) | p50 ms (1st pass) | p99 ms | vs uncapped p50 | "
+             "VmRSS MB (file) | VmRSS vs uncapped 1M | peak charged MB |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        c = r["capped"]
+        peak = "–" if c["peak_mb"] is None else f"{c['peak_mb']:.0f}"
+        lines.append(f"| {r['db']} | {c['p50']:.1f} | {c['pass_p50'][0]:.1f} | {c['p99']:.1f} | "
+                     f"×{c['p50'] / r['p50']:.2f} | {c['rss_mb']:.0f} ({c['file_mb']:.0f}) | "
+                     f"×{c['rss_mb'] / base['rss_mb']:.2f} | {peak} |")
+    lines += ["", "Each database in a fresh process inside a memory cgroup of that limit "
+              "(page cache included), its files evicted from the page cache first, the same "
+              "queries run twice (the first pass reads the working set from disk). A p50 "
+              "close to the uncapped one means the database serves within the limit; the "
+              "uncapped VmRSS above is the file pages the kernel left mapped because RAM was "
+              "free (`bench/memcap.py`).", ""]
+    return lines
 
 
 def plot(out: dict, path: Path) -> str | None:
@@ -116,8 +165,10 @@ def plot(out: dict, path: Path) -> str | None:
         layouts = [(" (as written)", layouts[0][1]), (" (optimized)", merged)]
     fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
     panels = [("bytes per token on disk", [("B/token", "bytes_per_token")]),
-              ("memory (MB)", [("anon", "anon_mb"), ("VmRSS", "rss_mb")]),
-              ("dense fill_mask, k=1024 (ms)", [("p50", "p50"), ("p99", "p99")]),
+              ("memory (MB)", [("anon", "anon_mb"), ("VmRSS", "rss_mb"),
+                               ("VmRSS under the cap", "rss_capped_mb")]),
+              ("dense fill_mask, k=1024 (ms)", [("p50", "p50"), ("p99", "p99"),
+                                                ("p50 under the cap", "p50_capped")]),
               ("open (ms) and build (s)", [("open ms", "open_ms"), ("build s", "build_s")])]
     for ax, (title, series) in zip(axes, panels):
         for label, key in series:
@@ -142,8 +193,11 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("-k", type=int, default=1024)
     ap.add_argument("--name", default="default")
+    ap.add_argument("--cap-ratio", type=float, default=1.3,
+                    help="also measure each database under a memory limit of this multiple "
+                         "of the first one's VmRSS (needs a writable cgroup; 0: skip)")
     a = ap.parse_args(argv)
-    out = run(a.dbs, a.data, a.k, a.queries, a.rounds,
+    out = run(a.dbs, a.data, a.k, a.queries, a.rounds, a.cap_ratio,
               log=lambda m: print(m, file=sys.stderr, flush=True))
     out["name"] = a.name
     out["plot"] = plot(out, RESULTS / f"corpus-size-{a.name}.png")

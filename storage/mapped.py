@@ -27,6 +27,13 @@ mapping are released (``madvise(MADV_DONTNEED)``: LMDB maps the file read-only a
 so this only drops the process's page-table entries; the page cache keeps the data), so a
 value's pages are not resident twice, once in each mapping.
 
+The mapping is advised ``MADV_RANDOM``: a query reads a few thousand rows scattered over
+the file, and the kernel's default readahead turned each page fault into a read of up to
+128 KB around it. Under a memory limit that thrashed: a 10M-token database capped at 914 MB
+(1.3x the 1M database's RSS) answered in ~1 s a query; with the advice, in the uncapped
+time (``bench/results/corpus-size-*.md``, "Under a memory limit"). LMDB's own mapping gets
+the same advice (``readahead=False``).
+
 Where ``/proc/self/maps`` is missing (not Linux) or the file cannot be matched, nothing is
 located and every read goes through py-lmdb as before.
 """
@@ -121,6 +128,8 @@ class MappedFile:
                     return None
                 # an old mapping stays alive while views of it exist (numpy holds them)
                 self._mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+                if hasattr(mmap, "MADV_RANDOM"):  # rows are read scattered: no readahead
+                    self._mm.madvise(mmap.MADV_RANDOM)
                 self._ino = st.st_ino
         except (OSError, ValueError):
             self.enabled = False

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -135,3 +136,40 @@ def test_report_renders_partial_results():
     assert targets(res) == []
     md = render(res, {})
     assert "Steps that failed" in md and "latency" in md
+
+
+def _cap_unavailable() -> str | None:
+    from bench.memcap import MemoryCap
+
+    return MemoryCap.available()
+
+
+@pytest.mark.skipif(_cap_unavailable() is not None,
+                    reason="no writable cgroup memory controller (needs root on Linux)")
+def test_memory_cap_limits_the_child_and_the_scale_step_reports_capped_runs(
+        tiny_data, tiny_encoder, tmp_path, sample_corpus):
+    """bench.memcap's cgroup really bounds a child (one that allocates past the limit is
+    killed; one within it runs), and corpus_size's capped runs land in its report."""
+    import subprocess
+
+    import npmdb
+    from bench.corpus_size import render, run
+    from bench.memcap import MemoryCap
+
+    grab = "import numpy as np; a = np.ones(int({mb}) * 2**20, np.uint8); print(a.sum())"
+    with MemoryCap(200) as cap:
+        small = subprocess.run([sys.executable, "-c", grab.format(mb=50)],
+                               preexec_fn=cap.preexec, capture_output=True)
+        big = subprocess.run([sys.executable, "-c", grab.format(mb=400)],
+                             preexec_fn=cap.preexec, capture_output=True)
+    assert small.returncode == 0 and big.returncode != 0
+    src = tmp_path / "src"
+    with npmdb.open(src, encoder=tiny_encoder, index="ivf", codec="int4", progress=False) as db:
+        db.add(sample_corpus[:100])
+    out = run([src], tiny_data, k=16, queries=3, rounds=1, cap_ratio=1.5, log=lambda m: None)
+    row = out["rows"][0]
+    assert out["cap_mb"] == pytest.approx(1.5 * row["rss_mb"])
+    assert row["capped"]["p50"] > 0 and len(row["capped"]["pass_p50"]) == 2
+    assert row["capped"]["peak_mb"] is None or row["capped"]["peak_mb"] <= out["cap_mb"] + 1
+    out["name"] = "tiny"
+    assert "Under a memory limit" in render(out)
