@@ -73,7 +73,7 @@ class PieceIndex:
         stored = x if isinstance(self.codec, Float16Codec) else \
             self.codec.encode(cast(x, np.float32))
         need = np.flatnonzero(flags & (F.VALID_START | F.VALID_END))
-        vecs = self.codec.decode(stored[need]).astype(np.float16).astype(np.float32) \
+        vecs = cast(cast(self.codec.decode(stored[need]), np.float16), np.float32) \
             if len(need) else np.zeros((0, h.shape[1]), np.float32)
         e = self.coder.encode(vecs, need)
         return {"stored": stored, "ivf_labels": e.labels, "ivf_lists": e.lists,
