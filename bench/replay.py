@@ -6,7 +6,8 @@
 Encoding 100M tokens on 2 cores would take days, so a large database is made from a real
 one: copy ``r`` of every document of ``--src`` gets the id ``r<r>:<id>`` and the same text,
 title and token columns, and its *stored* vectors plus Gaussian noise, written through the
-normal segment writer (one segment per source segment and copy, one version per copy),
+normal segment writer (one segment per source segment and copy, one version per copy;
+``--segment-copies N`` puts N copies in each segment, as adds of that size would),
 so the new database's codecs, index files, checksums and commits are exactly an ``add``'s.
 
 The noise: each vector gets ``noise · ‖v‖/√d · N(0, I)``, i.e. a perturbation of relative
@@ -77,11 +78,15 @@ print(json.dumps({"open_s": open_s, "import_s": import_s, "first_s": first_s, "m
 
 
 def replay(src: Path, dst: Path, tokens: int, index: str, codec: str, noise: float,
-           log=print) -> dict:
-    """Write copies of ``src`` into a new database ``dst`` until it holds ``tokens``."""
+           log=print, segment_copies: int = 1) -> dict:
+    """Write copies of ``src`` into a new database ``dst`` until it holds ``tokens``;
+    ``segment_copies`` copies of each source segment go into one new segment (one
+    version each), as ``add`` calls of that many copies' documents would write them."""
     import npmdb
     from npmdb.corpus import Document
 
+    if segment_copies < 1:
+        raise SystemExit(f"--segment-copies must be at least 1, got {segment_copies}")
     rng = np.random.default_rng(7)
     t0 = time.perf_counter()
     with npmdb.open(src, readonly=True, progress=False) as s, \
@@ -91,31 +96,37 @@ def replay(src: Path, dst: Path, tokens: int, index: str, codec: str, noise: flo
         copies = max(1, -(-tokens // src_tokens))
         have = int(d.stats()["tokens"])
         start = have // src_tokens
-        for r in range(start, copies):
+        for r0 in range(start, copies, segment_copies):
+            group = range(r0, min(r0 + segment_copies, copies))
             t = time.perf_counter()
-            with s.snapshot() as snap, d.batch(f"replay copy {r}") as w:
+            with s.snapshot() as snap, d.batch(f"replay copies {group.start}-{group.stop - 1}") as w:
                 for seg in snap.segments:
                     cols = seg.columns(snap.txn)
                     docs = [seg.doc(snap.txn, i) for i in range(seg.record.docs)]
-                    new = w.allocate_segment()
-                    sw = w.segment_writer(new, w.generation)
-                    ids = [f"r{r}:{x.id}" for x in docs]
-                    sw.add_documents(
-                        [Document(i, x.title, x.text, x.meta) for i, x in zip(ids, docs)],
-                        {"tokens": cols.tokens, "flags": cols.flags, "offsets": cols.offsets,
-                         "block_ptr": cols.block_ptr, "block_doc": cols.block_doc})
-                    for base, stored in seg.iter_chunks(snap.txn, snap.generation):
-                        v = seg.codec.decode(np.asarray(stored))
-                        if r and noise:
-                            scale = noise * np.linalg.norm(v, axis=1, keepdims=True) / \
-                                np.sqrt(v.shape[1])
-                            v = v + scale * rng.standard_normal(v.shape, dtype=np.float32)
-                        sw.add_vectors(v.astype(np.float16))
+                    sw = w.segment_writer(w.allocate_segment(), w.generation)
+                    ids = []
+                    for r in group:  # every copy's documents first: the segment's tokens
+                        rid = [f"r{r}:{x.id}" for x in docs]
+                        sw.add_documents(
+                            [Document(i, x.title, x.text, x.meta) for i, x in zip(rid, docs)],
+                            {"tokens": cols.tokens, "flags": cols.flags,
+                             "offsets": cols.offsets, "block_ptr": cols.block_ptr,
+                             "block_doc": cols.block_doc})
+                        ids += rid
+                    for r in group:  # then their vectors, in the same order
+                        for base, stored in seg.iter_chunks(snap.txn, snap.generation):
+                            v = seg.codec.decode(np.asarray(stored))
+                            if r and noise:
+                                scale = noise * np.linalg.norm(v, axis=1, keepdims=True) / \
+                                    np.sqrt(v.shape[1])
+                                v = v + scale * rng.standard_normal(v.shape, dtype=np.float32)
+                            sw.add_vectors(v.astype(np.float16))
                     w.append(sw.finish(), ids)
-            log(f"copy {r + 1}/{copies}: {time.perf_counter() - t:.0f} s, "
-                f"{d.stats()['tokens']} tokens")
+            log(f"copies {group.start + 1}-{group.stop}/{copies}: "
+                f"{time.perf_counter() - t:.0f} s, {d.stats()['tokens']} tokens")
     return {"src": str(src), "dst": str(dst), "copies": copies, "noise": noise,
-            "index": index, "codec": codec, "build_s": time.perf_counter() - t0}
+            "index": index, "codec": codec, "segment_copies": segment_copies,
+            "build_s": time.perf_counter() - t0}
 
 
 def merge(src: Path, dst: Path, log=print) -> dict:
@@ -200,8 +211,8 @@ def render(out: dict) -> str:
         "", f"k={out['k']}, {out['queries']} cloze queries, measured in a fresh process "
         f"(RSS after the queries; the LMDB file and IVF lists are memory-mapped). " + (
             f"Built as {b['note']}." if "note" in b else
-            f"Built from {b.get('src', '?')} by {b.get('copies', '?')} copies, noise "
-            f"{b.get('noise', '?')}."),
+            f"Built from {b.get('src', '?')} by {b.get('copies', '?')} copies "
+            f"({b.get('segment_copies', 1)} a segment), noise {b.get('noise', '?')}."),
         ""])
 
 
@@ -213,6 +224,8 @@ def main(argv=None) -> int:
     ap.add_argument("--index", default="ivf")
     ap.add_argument("--codec", default="float16")
     ap.add_argument("--noise", type=float, default=0.05)
+    ap.add_argument("--segment-copies", type=int, default=1,
+                    help="copies of each source segment written into one new segment")
     ap.add_argument("--data", type=Path, default=Path("../shared/data/dev"))
     ap.add_argument("--queries", type=int, default=100)
     ap.add_argument("-k", type=int, default=1024)
@@ -225,7 +238,8 @@ def main(argv=None) -> int:
         out["build"] = merge(a.src, a.dst, log=lambda m: print(m, file=sys.stderr, flush=True))
     elif not a.measure_only:
         out["build"] = replay(a.src, a.dst, a.tokens, a.index, a.codec, a.noise,
-                              log=lambda m: print(m, file=sys.stderr, flush=True))
+                              log=lambda m: print(m, file=sys.stderr, flush=True),
+                              segment_copies=a.segment_copies)
     else:  # keep how the database was built, from the run that built it
         prev = RESULTS / f"replay-{a.dst.name}.json"
         if prev.exists():

@@ -271,26 +271,34 @@ class BackgroundCoder:
     :func:`build_ivf` after the encoder is done (FAISS releases the GIL; the coder runs on
     one OpenMP thread). It pays where the cores are not all the encoder's: a replayed copy
     (no encoder) builds in about half the time; an encoder-bound add on 2 cores measured
-    no faster. At most ``depth`` windows wait, so memory stays bounded when the coder
-    falls behind. :meth:`entries` gives the rows in the order they
+    no faster; there (``threaded=False``) each window is coded in the caller's thread
+    as it arrives, which costs the same as coding every row at the end and holds a
+    window instead of the segment. At most ``depth`` windows wait, so memory stays
+    bounded when the coder falls behind. :meth:`entries` gives the rows in the order they
     were handed in: the same entries :func:`build_ivf` would code from the same vectors.
     """
 
-    def __init__(self, template: bytes, dim: int, depth: int = 2) -> None:
+    def __init__(self, template: bytes, dim: int, depth: int = 2, *,
+                 threaded: bool = True) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
         self.coder = Coder(load_template(template, dim))
         self.depth = depth
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="npmdb-ivf-code")
+        self.threaded = threaded  # False: each submit codes in the caller's thread
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="npmdb-ivf-code") \
+            if threaded else None
         self._pending: list = []
         self._done: list[Entries] = []
         self.count = 0  # rows handed in
 
     def submit(self, vectors: np.ndarray, labels: np.ndarray) -> None:
+        self.count += len(labels)
+        if self._pool is None:
+            self._done.append(self.coder.encode(vectors, labels))
+            return
         while len(self._pending) >= self.depth:
             self._done.append(self._pending.pop(0).result())
         self._pending.append(self._pool.submit(self._code, vectors, labels))
-        self.count += len(labels)
 
     def _code(self, vectors: np.ndarray, labels: np.ndarray) -> Entries:
         import faiss
@@ -310,7 +318,8 @@ class BackgroundCoder:
     def close(self) -> None:
         for f in self._pending:
             f.cancel()
-        self._pool.shutdown(wait=False)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
 
 
 def _add_entries(index, entries: Entries) -> None:

@@ -11,10 +11,12 @@ stored codes. It
    stored with it); vectors are rounded to float16 first, so every path stores the same
    codes for the same encoder output;
 2. keeps the valid starts' and ends' vectors exactly as stored (decoded), for the dense
-   indexes -- or, for an IVF segment whose generation already has its template, codes
-   them against it on a background thread as they arrive (``ivf.BackgroundCoder``), so
-   the coding overlaps the encoder instead of following it (unless ``code_ahead`` is
-   off: an encoder with every CPU core);
+   indexes -- or, for an IVF segment whose generation has its template, codes them
+   against it as they arrive (``ivf.BackgroundCoder``): on a background thread, so the
+   coding overlaps the encoder, unless ``code_ahead`` is off (an encoder with every CPU
+   core), then between windows. A generation's first IVF segment trains the template
+   once it holds ``TEMPLATE_ROWS_PER_SAMPLE`` training samples' worth of rows (or at
+   ``finish``, if it never does) and codes from then on;
 3. on :meth:`SegmentWriter.finish`: stores the documents and token columns (new segments),
    builds the BM25 index (new segments) and the dense start/end indexes, fsyncs them and
    moves them into place, and returns the typed :class:`~npmdb.storage.format.SegmentRecord`.
@@ -44,9 +46,19 @@ from .dense import AUTO, AUTO_IVF_TOKENS, IVF, DenseParams, build_dense
 from .env import Env
 from .paths import fsync_path, remove_dir, segment_dir
 
-__all__ = ["SegmentWriter", "TRAIN_POINTS", "Bar"]
+__all__ = ["SegmentWriter", "TRAIN_POINTS", "TEMPLATE_ROWS_PER_SAMPLE", "template_rows", "Bar"]
 
 TRAIN_POINTS = 16384  # vectors a stateful codec (PQ) is trained on, from the first ones stored
+# a generation's first IVF segment trains its template once it holds this many times the
+# training sample (IvfParams.train_points) in start and end rows: ~400 MB of float16 rows
+# at the defaults, from which the template's sample is drawn
+TEMPLATE_ROWS_PER_SAMPLE = 4
+
+
+def template_rows(params: ivf.IvfParams) -> int:
+    """Start and end rows a generation's first IVF segment holds before it trains the
+    template (a token that is both counts twice, so at least twice ``ivf.MIN_TRAIN``)."""
+    return max(TEMPLATE_ROWS_PER_SAMPLE * params.train_points, 2 * ivf.MIN_TRAIN)
 
 
 class Bar(Protocol):
@@ -183,22 +195,52 @@ class SegmentWriter:
                     rows = np.flatnonzero(flags[need] & bit)
                     self._sides[side][0].append(need[rows] + lo)
                     self._sides[side][1].append(C.cast(decoded[rows], np.float16))
+                self._train_when_enough()
         self._codes.append(stored)
         self._n_codes += len(stored)
         self.n = hi
         self._flush(final=False)
 
     def _coder_ahead(self) -> ivf.BackgroundCoder | None:
-        """The background coder of this segment's IVF rows, when its index is IVF and the
-        generation's template exists (decided once, at the first vectors; the tokens are
-        all known by then, so ``auto`` has picked its kind)."""
-        if not self._ahead_decided:
-            self._ahead_decided = True
-            if self.kind() == IVF and self.code_ahead:
-                template = ivf.read_template(self.env, self.gen)
-                if template is not None:
-                    self._ahead = ivf.BackgroundCoder(template, self.dim)
+        """The coder of this segment's IVF rows as they arrive, once its index is IVF and
+        the generation has a template (the tokens are all known at the first vectors, so
+        ``auto`` has picked the kind): on a background thread where ``code_ahead`` allows,
+        else in this thread between windows. Either way the writer holds a window of float
+        vectors at a time, not the segment's."""
+        if self._ahead is None and not self._ahead_decided:
+            if self.kind() != IVF:
+                self._ahead_decided = True
+                return None
+            template = ivf.read_template(self.env, self.gen)
+            if template is None:  # rows are kept until _train_when_enough trains one
+                return None
+            self._start_coder(template)
         return self._ahead
+
+    def _start_coder(self, template: bytes) -> None:
+        self._ahead_decided = True
+        self._ahead = ivf.BackgroundCoder(template, self.dim, threaded=self.code_ahead)
+
+    def _train_when_enough(self) -> None:
+        """The first IVF segment of a generation keeps its rows until it has
+        ``TEMPLATE_ROWS_PER_SAMPLE`` times the training sample, then trains the template on
+        them (:func:`template_rows`), saves it and codes them (later rows are coded as they
+        arrive). Before, it
+        kept every row to ``finish``: a first add of 33M tokens held 15 GB of float16
+        vectors. A smaller first segment trains at ``finish`` as before."""
+        if self._ahead_decided or self.kind() != IVF:
+            return
+        held = sum(len(p) for side in self._sides.values() for p in side[0])
+        if held < template_rows(self.params.ivf):
+            return
+        pos, vecs = self._ivf_vectors()
+        template = self.ensure_template(vecs)
+        if template is None:  # pragma: no cover - template_rows covers MIN_TRAIN
+            return
+        self._sides = {"start": ([], []), "end": ([], [])}
+        self._start_coder(template)
+        assert self._ahead is not None
+        self._ahead.submit(vecs, pos)
 
     def add_encoded(self, stored: np.ndarray, entries: ivf.Entries) -> None:
         """Rows of the next tokens in this segment's codec with their IVF entries, coded

@@ -77,6 +77,15 @@ def test_replay_and_corpus_size_scale_step(tiny_data, tiny_encoder, tmp_path, sa
     merged = tmp_path / "merged"  # bench.replay --merge: the copy optimized into one segment
     m = merge(big, merged, log=lambda msg: None)
     assert m["merged_segments"] == 3 and m["optimize_s"] > 0
+    grouped = tmp_path / "grouped"  # --segment-copies 2: copies 1-2 in one segment, 3 alone
+    g = replay(src, grouped, 3 * n, "ivf", "int4", 0.05, log=lambda m: None, segment_copies=2)
+    with npmdb.open(grouped, readonly=True, progress=False) as db, \
+            npmdb.open(big, readonly=True, progress=False) as one:
+        assert g["segment_copies"] == 2 and db.stats()["segments"] == 2
+        assert db.stats()["tokens"] == 3 * n and db.stats()["docs"] == one.stats()["docs"]
+        q = "The capital of France is [MASK]."
+        assert [a.text for a in db.fill_mask(q, k=16, exact=True)] == \
+            [a.text for a in one.fill_mask(q, k=16, exact=True)]
     out = run([src, big, merged], tiny_data, k=16, queries=3, rounds=1, log=lambda m: None)
     small_row, big_row, merged_row = out["rows"]
     assert big_row["tokens"] == 3 * small_row["tokens"] and big_row["segments"] == 3

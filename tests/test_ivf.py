@@ -344,10 +344,72 @@ def test_rows_coded_while_encoding_write_the_same_file(tmp_path, tiny_encoder, s
             db.add(sample_corpus[:1500])    # trains the template (coded at the end)
             db.add(sample_corpus[1500:1900])  # has one: coded while encoding, when ahead
             answers.append([db.fill_mask(q, k=64).to_list() for q in QUERIES])
-    assert len(made) == 1 and made[0].count > 0  # only the second add of the first database
+    # the second adds: on a thread where the encoder leaves a core, else between windows
+    assert [c.threaded for c in made] == [True, False] and all(c.count > 0 for c in made)
     assert _ivf_file(tmp_path / "ahead", 1) == _ivf_file(tmp_path / "after", 1)
     assert _ivf_file(tmp_path / "ahead", 0) == _ivf_file(tmp_path / "after", 0)
     assert answers[0] == answers[1]
+
+
+def test_a_large_first_segment_trains_early_and_keeps_no_rows(tmp_path, tiny_encoder,
+                                                            sample_corpus, monkeypatch):
+    """A generation's first IVF segment trains its template once it holds
+    ``template_rows`` start and end rows, then codes
+    those and every later window as it arrives (in this thread: the encoder has the
+    cores), so it never holds the segment's float rows; the index it writes finds what an
+    exact scan finds."""
+    from npmdb.ingest import local
+
+    monkeypatch.setattr(local, "WINDOW", 16)
+    monkeypatch.setattr(local, "leaves_a_core", lambda encoder: False)
+    sampled, held, coders = [], [], []
+    real_train, real_append, real_coder = I.train_template, SW.SegmentWriter._append_stored, \
+        I.BackgroundCoder
+
+    def train(sample, params, *a, **kw):
+        sampled.append(len(sample))
+        return real_train(sample, params, *a, **kw)
+
+    def append(self, stored, *, decode):
+        real_append(self, stored, decode=decode)
+        held.append(sum(len(p) for side in self._sides.values() for p in side[0]))
+
+    def coder(*a, **kw):
+        coders.append(real_coder(*a, **kw))
+        return coders[-1]
+
+    monkeypatch.setattr(I, "train_template", train)
+    monkeypatch.setattr(SW.SegmentWriter, "_append_stored", append)
+    monkeypatch.setattr(I, "BackgroundCoder", coder)
+    train_points = 2048
+    params = DenseParams(ivf=I.IvfParams(train_points=train_points))
+    limit = SW.template_rows(params.ivf)
+    path = tmp_path / "db"
+    with npmdb.open(path, encoder=tiny_encoder, index="ivf", dense_params=params,
+                    progress=False) as db:
+        db.add(sample_corpus[:1500])
+    assert len(coders) == 1 and not coders[0].threaded
+    with npmdb.open(path, readonly=True, progress=False) as db, db.snapshot() as snap:
+        seg = snap.segments[0]
+        cols = seg.columns(snap.txn)
+        rows = int(((cols.flags & (VALID_START | VALID_END)) > 0).sum())
+        assert rows > 1.5 * limit  # a segment larger than the rows trained on
+        assert len(sampled) == 1 and limit // 2 <= sampled[0] < rows  # trained mid-way
+        assert max(held) < limit and held[-1] == 0  # never more than the training rows
+        assert coders[0].count == rows  # the held rows in one batch, then window by window
+        rng = np.random.default_rng(3)
+        recalls = []
+        for side, bit in (("start", VALID_START), ("end", VALID_END)):
+            idx = seg.dense(snap.generation, side)
+            assert idx.approximate
+            for t in rng.choice(np.flatnonzero(cols.flags & bit), 5, replace=False):
+                q = seg.vectors(snap.txn, snap.generation, np.array([t]))[0]
+                want, _ = _exact_top(seg, snap, q, bit, 32)
+                got, _ = idx.search(q, 32 * idx.refine)
+                vecs = seg.vectors(snap.txn, snap.generation, got)
+                top = got[np.argsort(-(vecs @ q), kind="stable")[:32]]
+                recalls.append(len(set(top) & set(want)) / 32)
+        assert np.mean(recalls) >= 0.9, recalls
 
 
 def test_the_background_coder_waits_for_a_spare_core(tiny_encoder):
