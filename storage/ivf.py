@@ -6,9 +6,10 @@ start and every valid end of the segment once (NPM searches one index with ``q_s
 segment's token positions (FAISS ``IDSelectorBitmap``), so no side is over-fetched.
 
 * **Trained once per database and generation.** The coarse quantiser (``nlist``
-  centroids) and the PQ codebooks (``m`` bytes a vector) are trained on a sample of the
-  first segment written with that generation (at most ``IvfParams.train_points``
-  vectors) and kept in LMDB (``meta``, key ``ivf:g{gen}``) as an empty trained FAISS
+  centroids) and the PQ codebooks (``m`` bytes a vector) are trained on a sample (at
+  most ``IvfParams.train_points`` vectors) of the first segment written with that
+  generation -- of its first ``segment_writer.template_rows`` rows where it has more, so
+  that a large first add never holds all its rows -- and kept in LMDB (``meta``, key ``ivf:g{gen}``) as an empty trained FAISS
   index. Every later segment of that generation reuses it: an ``add`` only assigns and
   encodes its vectors, it never retrains. ``optimize()`` rewrites segments with the
   current template.
