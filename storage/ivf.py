@@ -9,8 +9,8 @@ segment's token positions (FAISS ``IDSelectorBitmap``), so no side is over-fetch
   centroids) and the PQ codebooks (``m`` bytes a vector) are trained on a sample (at
   most ``IvfParams.train_points`` vectors) of the first segment written with that
   generation -- of its first ``segment_writer.template_rows`` rows where it has more, so
-  that a large first add never holds all its rows -- and kept in LMDB (``meta``, key ``ivf:g{gen}``) as an empty trained FAISS
-  index. Every later segment of that generation reuses it: an ``add`` only assigns and
+  that a large first add never holds all its rows -- and kept in LMDB (``meta``, key
+  ``ivf:g{gen}``) as an empty trained FAISS index. Every later segment of that generation reuses it: an ``add`` only assigns and
   encodes its vectors, it never retrains. ``optimize()`` rewrites segments with the
   current template.
 * **Memory-mapped.** The file is read with ``IO_FLAG_MMAP_IFC``: FAISS's in-memory list

@@ -15,8 +15,8 @@ stored codes. It
    against it as they arrive (``ivf.BackgroundCoder``): on a background thread, so the
    coding overlaps the encoder, unless ``code_ahead`` is off (an encoder with every CPU
    core), then between windows. A generation's first IVF segment trains the template
-   once it holds ``TEMPLATE_ROWS_PER_SAMPLE`` training samples' worth of rows (or at
-   ``finish``, if it never does) and codes from then on;
+   once it holds :func:`template_rows` rows (or at ``finish``, if it never does) and
+   codes from then on;
 3. on :meth:`SegmentWriter.finish`: stores the documents and token columns (new segments),
    builds the BM25 index (new segments) and the dense start/end indexes, fsyncs them and
    moves them into place, and returns the typed :class:`~npmdb.storage.format.SegmentRecord`.
@@ -222,12 +222,11 @@ class SegmentWriter:
         self._ahead = ivf.BackgroundCoder(template, self.dim, threaded=self.code_ahead)
 
     def _train_when_enough(self) -> None:
-        """The first IVF segment of a generation keeps its rows until it has
-        ``TEMPLATE_ROWS_PER_SAMPLE`` times the training sample, then trains the template on
-        them (:func:`template_rows`), saves it and codes them (later rows are coded as they
-        arrive). Before, it
-        kept every row to ``finish``: a first add of 33M tokens held 15 GB of float16
-        vectors. A smaller first segment trains at ``finish`` as before."""
+        """The first IVF segment of a generation keeps its rows until it holds
+        :func:`template_rows` of them, then trains the template on them, saves it and
+        codes them (later rows are coded as they arrive). Before, it kept every row to
+        ``finish``: a 33M-token first segment reached 13 GB in its first minutes. A smaller
+        first segment trains at ``finish`` as before."""
         if self._ahead_decided or self.kind() != IVF:
             return
         held = sum(len(p) for side in self._sides.values() for p in side[0])
