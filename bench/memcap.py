@@ -57,12 +57,26 @@ class MemoryCap:
         """None when a capped run can be made here, else why not."""
         if not hasattr(os, "posix_fadvise"):
             return "no posix_fadvise on this platform"
-        if (_V2 / "cgroup.controllers").exists() and \
-                "memory" in (_V2 / "cgroup.controllers").read_text().split():
-            return None if os.access(_V2, os.W_OK) else "cgroup v2 is not writable (not root)"
         if _V1.is_dir():
-            return None if os.access(_V1, os.W_OK) else "cgroup v1 memory is not writable"
-        return "no cgroup memory controller"
+            root, limit = _V1, "memory.limit_in_bytes"
+        elif (_V2 / "cgroup.controllers").exists() and \
+                "memory" in (_V2 / "cgroup.controllers").read_text().split():
+            root, limit = _V2, "memory.max"
+        else:
+            return "no cgroup memory controller"
+        if not os.access(root, os.W_OK):
+            return f"{root} is not writable (not root, or mounted read-only)"
+        probe = root / f"npmdb-bench-probe-{uuid.uuid4().hex[:8]}"
+        try:  # a container may list the controller yet not enable it for new groups
+            probe.mkdir()
+            try:
+                if not (probe / limit).exists():
+                    return f"a new cgroup under {root} has no {limit}"
+            finally:
+                probe.rmdir()
+        except OSError as exc:
+            return f"cannot make a cgroup under {root}: {exc}"
+        return None
 
     def __enter__(self) -> "MemoryCap":
         why = self.available()
