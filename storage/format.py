@@ -138,7 +138,11 @@ def unpack_array(buf: bytes | memoryview, *, verify: bool = False, what: str = "
     if len(buf) != hlen + n * dtype.itemsize:
         raise OperationalError(f"corrupt {what}: {len(buf)} bytes, expected "
                                f"{hlen + n * dtype.itemsize}")
-    arr = np.frombuffer(buf, dtype=dtype, count=n, offset=hlen).reshape(shape)
+    try:  # a damaged ndim can read padding and data as a zero and a dimension past int64
+        arr = np.frombuffer(buf, dtype=dtype, count=n, offset=hlen).reshape(shape)
+    except ValueError as exc:
+        raise OperationalError(f"corrupt {what}: bad shape {shape} ({exc}); run "
+                               "`npmdb check`") from None
     head_crc = zlib.crc32(bytes([code, ndim]) + bytes(buf[8:8 + 8 * ndim]))
     if verify and zlib.crc32(memoryview(buf)[hlen:], head_crc) != crc:
         raise OperationalError(f"corrupt {what}: checksum mismatch (the file was damaged); "
