@@ -207,18 +207,15 @@ class SegmentWriter:
         ``auto`` has picked the kind): on a background thread where ``code_ahead`` allows,
         else in this thread between windows. Either way the writer holds a window of float
         vectors at a time, not the segment's."""
-        if self._ahead is None and not self._ahead_decided:
-            if self.kind() != IVF:
-                self._ahead_decided = True
-                return None
-            template = ivf.read_template(self.env, self.gen)
-            if template is None:  # rows are kept until _train_when_enough trains one
-                return None
-            self._start_coder(template)
+        if not self._ahead_decided:  # looked up once: only this writer could add one
+            self._ahead_decided = True
+            if self.kind() == IVF:
+                template = ivf.read_template(self.env, self.gen)
+                if template is not None:  # else rows are kept until _train_when_enough
+                    self._start_coder(template)
         return self._ahead
 
     def _start_coder(self, template: bytes) -> None:
-        self._ahead_decided = True
         self._ahead = ivf.BackgroundCoder(template, self.dim, threaded=self.code_ahead)
 
     def _train_when_enough(self) -> None:
@@ -227,7 +224,7 @@ class SegmentWriter:
         codes them (later rows are coded as they arrive). Before, it kept every row to
         ``finish``: a 33M-token first segment reached 13 GB in its first minutes. A smaller
         first segment trains at ``finish`` as before."""
-        if self._ahead_decided or self.kind() != IVF:
+        if self._ahead is not None or self.kind() != IVF:
             return
         held = sum(len(p) for side in self._sides.values() for p in side[0])
         if held < template_rows(self.params.ivf):
