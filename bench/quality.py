@@ -17,6 +17,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from npmdb.arguments import parse_assignments
+
 from .common import bucket, exact_match, load_jsonl, machine, write_result
 
 MODES = ("bm25", "dense", "hybrid")
@@ -192,24 +194,10 @@ def main(argv=None) -> int:
 
 def parse_options(items: list[str], ap: argparse.ArgumentParser) -> dict:
     """``NAME=VALUE`` pairs as query options: true/false, integers and numbers typed."""
-    options: dict = {}
-    for item in items:
-        name, sep, raw = item.partition("=")
-        if not sep or not name.strip():
-            ap.error(f"--option wants NAME=VALUE, got {item!r}")
-        low = raw.strip().lower()
-        value: object = raw
-        if low in ("true", "false"):
-            value = low == "true"
-        else:
-            for kind in (int, float):
-                try:
-                    value = kind(raw)
-                    break
-                except ValueError:
-                    pass
-        options[name.strip()] = value
-    return options
+    try:
+        return parse_assignments(items, "--option")
+    except ValueError as exc:
+        ap.error(str(exc))
 
 
 def render(out: dict) -> str:

@@ -1,5 +1,5 @@
 """Checks of the facade's arguments that several methods share: version references and
-text that must be valid Unicode (``npmdb.Database``)."""
+text that must be valid Unicode (``npmdb.Database``); ``NAME=VALUE`` command-line pairs."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any, Mapping
 
 from .errors import ProgrammingError
 
-__all__ = ["check_ref", "check_text"]
+__all__ = ["check_ref", "check_text", "parse_assignments"]
 
 
 def check_ref(ref: Any) -> None:
@@ -34,3 +34,27 @@ def check_text(value: Any, what: str) -> None:
     elif isinstance(value, (list, tuple)):
         for v in value:
             check_text(v, what)
+
+
+def parse_assignments(items: list[str], flag: str) -> dict[str, Any]:
+    """``NAME=VALUE`` pairs given to the command-line option ``flag``, as a dict: true /
+    false, integers and numbers typed, anything else a string. Raises ValueError naming
+    the pair that has no ``=`` or no name."""
+    out: dict[str, Any] = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"{flag} wants NAME=VALUE, got {item!r}")
+        low = raw.strip().lower()
+        value: Any = raw
+        if low in ("true", "false"):
+            value = low == "true"
+        else:
+            for kind in (int, float):
+                try:
+                    value = kind(raw)
+                    break
+                except ValueError:
+                    pass
+        out[name.strip()] = value
+    return out

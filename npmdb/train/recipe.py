@@ -324,6 +324,7 @@ def _report(path: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from npmdb.arguments import parse_assignments
     from npmdb.encoder import shipped_encoder_dir
 
     ap = argparse.ArgumentParser(description=__doc__,
@@ -350,12 +351,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--extend-corpus", choices=EXTEND_CORPORA, default="focus")
     ap.add_argument("--extend-steps", type=int, default=EXTEND["steps"])
     ap.add_argument("--extend-batch", type=int, default=EXTEND["batch_blocks"])
+    ap.add_argument("--extend-option", action="append", default=[], metavar="NAME=VALUE",
+                    help="an npmdb.train argument for the extend stage (repeatable), e.g. "
+                         "exclude_repeats=true")
     ap.add_argument("--max-seconds", type=float, default=None,
                     help="the extend stage's time budget (npmdb.train's max_seconds)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--refresh-every", type=int, default=0,
                     help="also write a generation every N steps (points of a learning curve)")
     args = ap.parse_args(argv)
+    try:
+        args.extend_option = parse_assignments(args.extend_option, "--extend-option")
+    except ValueError as exc:
+        ap.error(str(exc))
     run = _stages(args.stage, args.extend)
     out = args.out
     if "corpus" in run:
@@ -411,11 +419,11 @@ def _extend_stage(out: Path, args: argparse.Namespace, **kw: Any) -> dict:
             start = head_checkpoint(fdb)
     _drop_extend(out)
     record = {"start": {"path": str(start), "fingerprint": fingerprint_dir(start)},
-              "corpus": args.extend_corpus}
+              "corpus": args.extend_corpus, "options": args.extend_option}
     with extend_db(out, start, corpus=args.extend_corpus) as edb:
         return _train_stage(edb, out / "report-extend.json", recipe=EXTEND, record=record,
                             steps=args.extend_steps, batch_blocks=args.extend_batch,
-                            max_seconds=args.max_seconds, **kw)
+                            max_seconds=args.max_seconds, **{**kw, **args.extend_option})
 
 
 if __name__ == "__main__":
