@@ -129,10 +129,11 @@ def replay(src: Path, dst: Path, tokens: int, index: str, codec: str, noise: flo
             "build_s": time.perf_counter() - t0}
 
 
-def merge(src: Path, dst: Path, log=print) -> dict:
-    """``dst``: a copy of ``src`` with its segments merged by ``optimize()`` (IVF codes
-    copied, not computed again), vacuumed, its LMDB file then copied compacted (LMDB
-    never shrinks a file: the pages the old segments held stay free in it)."""
+def merge(src: Path, dst: Path, log=print, retrain: bool | None = None) -> dict:
+    """``dst``: a copy of ``src`` with its segments merged by ``optimize(retrain=...)``
+    (IVF codes copied, not computed again, unless the template is retrained), vacuumed,
+    its LMDB file then copied compacted (LMDB never shrinks a file: the pages the old
+    segments held stay free in it)."""
     import shutil
     import tempfile
 
@@ -140,29 +141,40 @@ def merge(src: Path, dst: Path, log=print) -> dict:
 
     import npmdb
 
-    if dst.exists():
-        raise SystemExit(f"{dst} exists: remove it or choose another --dst")
     t0 = time.perf_counter()
-    shutil.copytree(src, dst)
+    if src.resolve() != dst.resolve():
+        if dst.exists():
+            raise SystemExit(f"{dst} exists: remove it or choose another --dst")
+        shutil.copytree(src, dst)
     copy_s = time.perf_counter() - t0
-    with npmdb.open(dst, progress=False) as db:
+    with npmdb.open(dst, progress=True) as db:
         before = db.stats()["segments"]
         t = time.perf_counter()
-        db.optimize()
+        db.optimize(retrain=retrain)
         optimize_s = time.perf_counter() - t
+        message = db.versions()[-1]["message"]
         db.vacuum()
     uncompacted = (dst / "data.mdb").stat().st_size
+    free = shutil.disk_usage(dst).free
+    if free < 1.2 * uncompacted:  # the compacted copy is written beside the file
+        log(f"data.mdb left uncompacted ({uncompacted / 1e9:.1f} GB, {free / 1e9:.1f} GB free):"
+            " its bytes on disk count the pages the old segments held")
+        return {"src": str(src), "dst": str(dst), "merged_segments": before,
+                "optimize_s": optimize_s, "copy_s": copy_s, "optimize": message,
+                "retrain": retrain, "compacted": False}
     with tempfile.TemporaryDirectory(dir=dst) as tmp:
         env = lmdb.open(str(dst), readonly=True, lock=False, max_dbs=64, subdir=True)
         env.copy(tmp, compact=True)
         env.close()
         Path(tmp, "data.mdb").replace(dst / "data.mdb")
-    log(f"merged {before} segments in {optimize_s:.1f} s; data.mdb {uncompacted / 1e9:.2f} GB "
-        f"-> {(dst / 'data.mdb').stat().st_size / 1e9:.2f} GB compacted")
+    log(f"merged {before} segments in {optimize_s:.1f} s ({message}); data.mdb "
+        f"{uncompacted / 1e9:.2f} GB -> {(dst / 'data.mdb').stat().st_size / 1e9:.2f} GB "
+        "compacted")
     rec = RESULTS / f"replay-{src.name}.json"
     src_build = json.loads(rec.read_text()).get("build", {}) if rec.exists() else {}
     return {"src": str(src), "dst": str(dst), "merged_segments": before,
-            "optimize_s": optimize_s, "copy_s": copy_s, "data_mdb_before_compaction":
+            "optimize_s": optimize_s, "copy_s": copy_s, "optimize": message,
+            "retrain": retrain, "data_mdb_before_compaction":
             uncompacted, "copies": src_build.get("copies"), "noise": src_build.get("noise"),
             "build_s": (src_build.get("build_s") or 0.0) + optimize_s,
             "note": f"{src.name} ({src_build.get('build_s', float('nan')):.0f} s) merged "
@@ -231,11 +243,16 @@ def main(argv=None) -> int:
     ap.add_argument("-k", type=int, default=1024)
     ap.add_argument("--measure-only", action="store_true")
     ap.add_argument("--merge", action="store_true",
-                    help="copy --src and merge its segments into one with optimize()")
+                    help="copy --src and merge its segments into one with optimize() (--dst "
+                         "the same as --src: in place)")
+    ap.add_argument("--retrain", choices=("auto", "yes", "no"), default="auto",
+                    help="--merge: optimize()'s retrain of the IVF template (auto: when "
+                         "the corpus has outgrown its lists)")
     a = ap.parse_args(argv)
     out: dict = {"dst": str(a.dst), "k": a.k, "queries": a.queries}
     if a.merge:
-        out["build"] = merge(a.src, a.dst, log=lambda m: print(m, file=sys.stderr, flush=True))
+        out["build"] = merge(a.src, a.dst, log=lambda m: print(m, file=sys.stderr, flush=True),
+                             retrain={"auto": None, "yes": True, "no": False}[a.retrain])
     elif not a.measure_only:
         out["build"] = replay(a.src, a.dst, a.tokens, a.index, a.codec, a.noise,
                               log=lambda m: print(m, file=sys.stderr, flush=True),
@@ -245,7 +262,8 @@ def main(argv=None) -> int:
         if prev.exists():
             out["build"] = json.loads(prev.read_text()).get("build", {})
     out["measured"] = measure(a.dst, a.data, a.k, a.queries)
-    return publish(f"replay-{a.dst.name}", out, render)
+    in_place = a.merge and a.src.resolve() == a.dst.resolve()  # keep the as-written record
+    return publish(f"replay-{a.dst.name}" + ("-optimized" if in_place else ""), out, render)
 
 
 if __name__ == "__main__":

@@ -532,12 +532,18 @@ class Database:
         return maintenance.diff(self.documents(version=a), self.documents(version=b))
 
     def optimize(self, *, message: str = "", index: str | None = None,
-                 codec: str | None = None) -> int | None:
+                 codec: str | None = None, retrain: bool | None = None) -> int | None:
         """Merge HEAD's segments into one, dropping deleted documents (a new version).
         ``index`` ('hnsw' | 'ivf' | 'exact' | 'auto') and ``codec`` ('float16' | 'int8' |
         'int4' | 'pqM' | 'auto'): the dense index and vector codec of the merged segment
         and of every segment written after it (vectors are copied or re-coded, never
-        re-encoded by the model)."""
+        re-encoded by the model). ``retrain`` (an IVF segment; None: when the corpus has
+        outgrown the template's lists): train the generation's IVF template anew with lists
+        sized for HEAD's corpus, on a sample of its stored vectors, and code the merged
+        segment and later ones against it."""
+        if retrain is not None and not isinstance(retrain, bool):
+            raise ProgrammingError(f"retrain must be True, False or None (when the corpus "
+                                   f"has outgrown the IVF template), got {retrain!r}")
         kind = None
         if index is not None:
             kind = _index_kind(index)
@@ -548,7 +554,8 @@ class Database:
                 raise ProgrammingError(f"codec must be a codec name, got {codec!r}")
             if codec != C.AUTO:
                 C.get_codec(codec)
-        return maintenance.optimize(self._writing(), message, index=kind, codec=codec)
+        return maintenance.optimize(self._writing(), message, index=kind, codec=codec,
+                                    retrain=retrain)
 
     def vacuum(self, *, keep_tags: bool = True, older_than: float | None = None) -> dict:
         """Remove unkept versions and all data only they referenced (see maintenance)."""

@@ -19,7 +19,7 @@ import numpy as np
 from .corpus import Document
 from npmdb.storage import codec as C
 from npmdb.storage import versions as V
-from npmdb.storage.dense import IVF
+from npmdb.storage.dense import AUTO, AUTO_IVF_TOKENS, IVF
 from npmdb.storage.cleanup import drop_unkept, empty_trash
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -61,7 +61,7 @@ def diff(a: Iterable[dict[str, Any]], b: Iterable[dict[str, Any]]) -> Diff:
 
 
 def optimize(writer: "Writer", message: str = "", index: str | None = None,
-             codec: str | None = None) -> int | None:
+             codec: str | None = None, retrain: bool | None = None) -> int | None:
     """Merge HEAD's segments into one and drop deleted documents; returns the version.
 
     Vectors in the merged segment's codec are copied in their stored form; others are
@@ -70,7 +70,15 @@ def optimize(writer: "Writer", message: str = "", index: str | None = None,
     kind and vector codec to record and write (a conversion rewrites even a single
     segment); without ``codec``, an ``auto`` database takes the codec for HEAD's size and
     any other keeps the first segment's. Older versions keep their segments until vacuum.
+
+    An IVF merged segment: ``retrain`` (None: when the corpus has outgrown the template's
+    lists, :func:`npmdb.storage.retrain.plan`) trains the generation a new template sized
+    for HEAD's corpus, codes the merged segment against it (even a single segment is
+    rewritten) and commits the template with it; later segments use it.
     """
+    from npmdb.storage import ivf
+    from npmdb.storage import retrain as R
+
     with writer.hold():
         if index is not None:
             writer.set_index_kind(index)
@@ -85,25 +93,53 @@ def optimize(writer: "Writer", message: str = "", index: str | None = None,
         target = writer.new_codec(int(head.stats.get("tokens", 0)), codec)
         converts = (index is not None and any(r.record.dense != index for r in readers)) or \
             any(not _same_codec(r.record.codec, target) for r in readers)
-        if len(head.segments) <= 1 and not head.deleted and not converts:
-            return head.id
-        seg = writer.allocate_segment()
-        sw = writer.segment_writer(seg, head.generation, codec=target,
-                                   merged_from=head.segments)
+        meta: dict[bytes, bytes] = {}
+        template = p = None
         with writer.env.read(buffers=True) as txn:
+            if _writes_ivf(writer, head):
+                p = R.plan(R.index_entries(readers, txn),
+                           ivf.read_template(writer.env, head.generation), writer.params.ivf,
+                           retrain)
+                if p.retrain:
+                    template = R.train_for(readers, txn, head.generation, writer.params.ivf,
+                                           p.wanted, writer.progress)
+                    meta[ivf.template_key(head.generation)] = template
+            if len(head.segments) <= 1 and not head.deleted and not converts and not meta:
+                return head.id
+            sw = writer.segment_writer(writer.allocate_segment(), head.generation,
+                                       codec=target, merged_from=head.segments)
+            sw.template = template
+            bar = writer.progress(sum(r.record.tokens for r in readers), "optimize (merge)",
+                                  "tok")
             for r in readers:
-                _merge_live(sw, r, txn, head)
+                _merge_live(sw, r, txn, head, copy_codes=not meta, bar=bar)
+            bar.close()
         record = sw.finish()
-        m = writer.commit([V.Rewrite(head.segments, record)], read=head,
-                          message=message or f"optimize: merged segments {list(head.segments)}")
+        note = ""
+        if template is not None and p is not None:
+            note = (f"; IVF template retrained: {p.current or 'none'} -> "
+                    f"{ivf.template_nlist(template):,} lists")
+        m = writer.commit([V.Rewrite(head.segments, record)], read=head, meta=meta,
+                          message=message or f"optimize: merged segments "
+                                             f"{list(head.segments)}{note}")
         empty_trash(writer.env, writer.root)  # what an earlier vacuum left for old readers
         return m.id
 
 
-def _merge_live(sw: Any, r: "SegmentReader", txn, head: V.Manifest) -> None:
+def _writes_ivf(writer: "Writer", head: V.Manifest) -> bool:
+    """Whether the merged segment gets an IVF index (``auto``: by HEAD's size, as the
+    segment writer decides)."""
+    dense = str(writer.config.get("dense", "hnsw"))
+    return dense == IVF or (dense == AUTO and
+                            int(head.stats.get("tokens", 0)) >= AUTO_IVF_TOKENS)
+
+
+def _merge_live(sw: Any, r: "SegmentReader", txn, head: V.Manifest,
+                copy_codes: bool = True, bar: Any = None) -> None:
     """Hand the live documents of segment ``r`` to segment writer ``sw``: each run of
     consecutive live documents (empty ones, which have no blocks, included) with its
-    blocks' columns and stored vector rows, copied from the chunks they lie in."""
+    blocks' columns and stored vector rows, copied from the chunks they lie in (and their
+    IVF entries, unless ``copy_codes`` is off: a retrained template codes them anew)."""
     cols = r.columns(txn)
     ptr, bdoc = cols.block_ptr, cols.block_doc
     coded: Any = False  # r's IVF entries, where they can be copied (decided at the first rows)
@@ -123,7 +159,8 @@ def _merge_live(sw: Any, r: "SegmentReader", txn, head: V.Manifest) -> None:
             # rows copied in their codec into an IVF segment of the same generation (one
             # template): the source's list numbers and PQ codes are copied too, not
             # computed again (a kind can only turn to ivf as tokens arrive, never back)
-            coded = r.ivf_coded(head.generation) if copy and sw.kind() == IVF else None
+            coded = (r.ivf_coded(head.generation)
+                     if copy and copy_codes and sw.kind() == IVF else None)
         for c in range(lo // n, (hi - 1) // n + 1 if hi > lo else lo // n):
             stored = r.stored_chunk(txn, head.generation, c)
             a, z = max(lo, c * n), min(hi, (c + 1) * n)
@@ -134,6 +171,8 @@ def _merge_live(sw: Any, r: "SegmentReader", txn, head: V.Manifest) -> None:
                 sw.add_stored(np.array(rows))
             else:  # another codec: decoded, then coded as the merged segment's
                 sw.add_vectors(r.codec.decode(rows))
+        if bar is not None:
+            bar.update(hi - lo)
 
 
 def _same_codec(stored: str, target: str) -> bool:

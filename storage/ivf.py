@@ -12,7 +12,9 @@ segment's token positions (FAISS ``IDSelectorBitmap``), so no side is over-fetch
   that a large first add never holds all its rows -- and kept in LMDB (``meta``, key
   ``ivf:g{gen}``) as an empty trained FAISS index. Every later segment of that generation reuses it: an ``add`` only assigns and
   encodes its vectors, it never retrains. ``optimize()`` rewrites segments with the
-  current template.
+  current template, or -- once the corpus has outgrown its lists (:func:`outgrown`) --
+  trains a larger one for the corpus and commits it with the merged segment
+  (:mod:`npmdb.storage.retrain`).
 * **Memory-mapped.** The file is read with ``IO_FLAG_MMAP_IFC``: FAISS's in-memory list
   layout points into one read-only mapping of the file, so the inverted lists (codes and
   ids) stay in the page cache, never copied; resident memory per segment is the coarse
@@ -48,7 +50,8 @@ from .paths import fsync_path
 
 __all__ = ["IvfParams", "IvfFile", "IvfSide", "MIN_TRAIN", "template_key", "train_template",
            "build_ivf", "Entries", "Coder", "BackgroundCoder", "load_template",
-           "check_ivf_params", "side_bitmap", "IVF_FILE", "read_template", "probe_count"]
+           "check_ivf_params", "side_bitmap", "IVF_FILE", "read_template", "probe_count",
+           "corpus_nlist", "trainable_nlist", "outgrown", "template_nlist", "RETRAIN_FACTOR", "POINTS_PER_LIST"]
 
 MIN_TRAIN = 4096  # vectors a template is trained on at least (PQ's 256 centroids each)
 IVF_FILE = "tokens.ivf"  # g{gen}.tokens.ivf
@@ -62,7 +65,9 @@ class IvfParams:
     ``nprobe``: the most lists searched per query and segment; ``min_nprobe``: the fewest;
     ``scan``: index entries scanned per candidate wanted, which picks the lists between
     the two (:func:`probe_count`); ``refine``: candidates re-scored exactly per wanted
-    one; ``train_points``: the largest training sample."""
+    one; ``train_points``: the largest training sample; ``list_entries``: the entries a
+    list holds on average when ``optimize`` retrains the template for the corpus
+    (:func:`corpus_nlist`, :func:`outgrown`)."""
 
     nlist: int | None = None
     m: int | None = None
@@ -71,6 +76,7 @@ class IvfParams:
     scan: int = 14
     refine: int = 3
     train_points: int = 131072
+    list_entries: int = 6144
 
 
 def template_key(gen: int) -> bytes:
@@ -90,7 +96,7 @@ def _pq_m(dim: int, m: int | None) -> int:
 def check_ivf_params(params: IvfParams, dim: int) -> None:
     """Raise :class:`ProgrammingError` for settings that cannot work (before any write)."""
     _pq_m(dim, params.m)
-    for name in ("nprobe", "min_nprobe", "scan", "refine", "train_points"):
+    for name in ("nprobe", "min_nprobe", "scan", "refine", "train_points", "list_entries"):
         v = getattr(params, name)
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ProgrammingError(f"IvfParams.{name} must be a positive integer, got {v!r}")
@@ -118,8 +124,47 @@ def _auto_nlist(n: int) -> int:
     return int(max(16, min(want, 65536, n // 39)))
 
 
-def train_template(sample: np.ndarray, params: IvfParams, threads: int | None = None) -> bytes:
-    """An empty IVF-PQ index trained on ``sample`` (float32 rows), serialised."""
+# optimize() retrains a generation's template once its lists hold this many times
+# IvfParams.list_entries on average (bench/results/ivf-retrain.md)
+RETRAIN_FACTOR = 2.0
+# the training sample of a retrained template: this many vectors a list (FAISS's k-means
+# subsamples to 256 a list; 64 keeps 8,192 lists trainable in minutes on 2 cores)
+POINTS_PER_LIST = 64
+
+
+def corpus_nlist(entries: int, params: IvfParams) -> int:
+    """Lists for a template whose lists should hold ``params.list_entries`` of a corpus's
+    ``entries`` (valid starts and ends): the power of two nearest, at least what a first
+    segment's template gets (:func:`_auto_nlist` of the largest sample), at most 65,536;
+    ``params.nlist`` where set."""
+    if params.nlist is not None:
+        return params.nlist
+    want = 2 ** round(math.log2(max(entries / params.list_entries, 1.0)))
+    return int(min(max(want, _auto_nlist(min(entries, params.train_points))), 65536))
+
+
+def trainable_nlist(entries: int, params: IvfParams) -> int:
+    """:func:`corpus_nlist`, as many as a sample of all ``entries`` can train (FAISS's 39
+    vectors a list)."""
+    return max(1, min(corpus_nlist(entries, params), entries // 39))
+
+
+def outgrown(nlist: int, entries: int, params: IvfParams) -> bool:
+    """Whether a template of ``nlist`` lists is too coarse for ``entries``: its lists hold
+    more than :data:`RETRAIN_FACTOR` times ``params.list_entries`` on average, and a new
+    template would have at least twice the lists (:func:`trainable_nlist`), so a retrain
+    halves what a probed list holds at least, and a retrained template is not retrained
+    again until the corpus has grown. Every search probes at least ``min_nprobe`` lists:
+    a list's size is what a search's cost grows with."""
+    return (entries > RETRAIN_FACTOR * params.list_entries * nlist
+            and trainable_nlist(entries, params) >= 2 * nlist)
+
+
+def train_template(sample: np.ndarray, params: IvfParams, threads: int | None = None,
+                   nlist: int | None = None) -> bytes:
+    """An empty IVF-PQ index trained on ``sample`` (float32 rows), serialised: with
+    ``nlist`` lists (default: ``params.nlist``, else one for the sample's size), on at most
+    ``params.train_points`` of the rows (or :data:`POINTS_PER_LIST` a list, if more)."""
     import faiss
 
     n, dim = sample.shape
@@ -127,14 +172,15 @@ def train_template(sample: np.ndarray, params: IvfParams, threads: int | None = 
     if n < MIN_TRAIN:
         raise ProgrammingError(f"an IVF-PQ index needs at least {MIN_TRAIN} training vectors, "
                                f"got {n}")
-    nlist = params.nlist if params.nlist is not None else _auto_nlist(n)
+    nlist = nlist or (params.nlist if params.nlist is not None else _auto_nlist(n))
     if nlist * 39 > n:
         raise ProgrammingError(f"IVF nlist={nlist} is too large for a training sample of {n} "
                                f"vectors (FAISS needs at least 39 per list): choose nlist <= "
                                f"{n // 39}, or leave it None to pick one")
-    if n > params.train_points:
+    limit = max(params.train_points, POINTS_PER_LIST * nlist)
+    if n > limit:
         rng = np.random.default_rng(13)
-        sample = sample[np.sort(rng.choice(n, params.train_points, replace=False))]
+        sample = sample[np.sort(rng.choice(n, limit, replace=False))]
     x = np.ascontiguousarray(sample, dtype=np.float32)
     quantizer = faiss.IndexFlatIP(dim)
     index = faiss.IndexIVFPQ(quantizer, dim, nlist, m, 8, faiss.METRIC_INNER_PRODUCT)
@@ -148,6 +194,14 @@ def train_template(sample: np.ndarray, params: IvfParams, threads: int | None = 
     finally:
         faiss.omp_set_num_threads(prev)
     return bytes(faiss.serialize_index(index))
+
+
+def template_nlist(template: bytes) -> int:
+    """The lists of a serialised template."""
+    import faiss
+
+    index = faiss.deserialize_index(np.frombuffer(template, dtype=np.uint8))
+    return int(faiss.extract_index_ivf(index).nlist)
 
 
 def load_template(template: bytes, dim: int):

@@ -132,6 +132,9 @@ class SegmentWriter:
         # whether that background coder may run: an encoder that has every CPU core sets
         # it False (npmdb.ingest.local.leaves_a_core), and the rows are coded at finish
         self.code_ahead = True
+        # the IVF template to code against instead of the generation's saved one: a
+        # template that optimize() retrains and commits with the segment
+        self.template: bytes | None = None
 
     # -- input ----------------------------------------------------------------------------
 
@@ -210,7 +213,7 @@ class SegmentWriter:
         if not self._ahead_decided:  # looked up once: only this writer could add one
             self._ahead_decided = True
             if self.kind() == IVF:
-                template = ivf.read_template(self.env, self.gen)
+                template = self.template or ivf.read_template(self.env, self.gen)
                 if template is not None:  # else rows are kept until _train_when_enough
                     self._start_coder(template)
         return self._ahead
@@ -381,8 +384,8 @@ class SegmentWriter:
     def ensure_template(self, vecs: np.ndarray | None = None) -> bytes | None:
         """The generation's IVF template, trained on this segment's vectors so far (or
         ``vecs``, those the caller has already gathered) and saved when there is none yet
-        and they are enough; None while there is none."""
-        template = ivf.read_template(self.env, self.gen)
+        and they are enough; None while there is none (:attr:`template` where set)."""
+        template = self.template or ivf.read_template(self.env, self.gen)
         if template is not None:
             return template
         if vecs is None:

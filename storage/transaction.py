@@ -490,12 +490,13 @@ class Writer:
         return None if h is None else int(h)
 
     def commit(self, ops: Sequence[V.Operation], *, read: V.Manifest | None,
-               message: str = "", info: dict | None = None, tag: str | None = None
-               ) -> V.Manifest:
+               message: str = "", info: dict | None = None, tag: str | None = None,
+               meta: dict[bytes, Any] | None = None) -> V.Manifest:
         """Commit ``ops``, read at version ``read``, as one version (see
         :func:`npmdb.storage.versions.commit`); the caller holds the writer. Maintenance
         (restore, optimize, a refresh) commits this way; it cannot while this thread's
-        transaction has uncommitted changes."""
+        transaction has uncommitted changes. ``meta``: keys of the ``meta`` table set (to
+        packed values) in the same transaction, such as a retrained IVF template."""
         if not self.held:
             raise ProgrammingError("commit needs the writer: use Writer.hold()")
         pending = self._changes
@@ -503,19 +504,25 @@ class Writer:
             raise ProgrammingError(
                 "this operation commits a version of its own and cannot run inside a batch "
                 "with uncommitted changes: run it after the batch")
-        m = self._commit(ops, read, message=message, info=info, tag=tag)
+        m = self._commit(ops, read, message=message, info=info, tag=tag, meta=meta)
         if pending is not None:  # an open (empty) batch goes on from the new version
             pending.read = m
         return m
 
     def _commit(self, ops: Sequence[V.Operation], read: V.Manifest | None, *,
-                message: str = "", info: dict | None = None, tag: str | None = None
-                ) -> V.Manifest:
+                message: str = "", info: dict | None = None, tag: str | None = None,
+                meta: dict[bytes, Any] | None = None) -> V.Manifest:
         def sealer(txn, seg: int, docs: int | None) -> None:
             seal_segment(txn, self.env.dbs, self.root, seg, gen_limit=None, docs=docs)
 
-        m = self.env.write(lambda txn: V.commit(txn, self.env.dbs, ops, read, message=message,
-                                                info=info, tag=tag, seal=sealer))
+        def txn_fn(txn):
+            out = V.commit(txn, self.env.dbs, ops, read, message=message, info=info, tag=tag,
+                           seal=sealer)
+            for key, value in (meta or {}).items():
+                txn.put(key, F.pack(value), db=self.env.dbs["meta"])
+            return out
+
+        m = self.env.write(txn_fn)
         self.env.sync()
         return m
 

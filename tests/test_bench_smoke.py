@@ -77,6 +77,11 @@ def test_replay_and_corpus_size_scale_step(tiny_data, tiny_encoder, tmp_path, sa
     merged = tmp_path / "merged"  # bench.replay --merge: the copy optimized into one segment
     m = merge(big, merged, log=lambda msg: None)
     assert m["merged_segments"] == 3 and m["optimize_s"] > 0
+    assert m["optimize"].startswith("optimize: merged segments [1, 2, 3]")
+    in_place = tmp_path / "in-place"  # --dst the same as --src: optimized where it lies
+    replay(src, in_place, 3 * n, "ivf", "int4", 0.05, log=lambda m: None)  # 4,096+ entries
+    r = merge(in_place, in_place, log=lambda msg: None, retrain=True)
+    assert r["merged_segments"] == 3 and "IVF template retrained" in r["optimize"]
     grouped = tmp_path / "grouped"  # --segment-copies 2: copies 1-2 in one segment, 3 alone
     g = replay(src, grouped, 3 * n, "ivf", "int4", 0.05, log=lambda m: None, segment_copies=2)
     with npmdb.open(grouped, readonly=True, progress=False) as db, \

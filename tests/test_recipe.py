@@ -164,6 +164,7 @@ def test_extend_stage_continues_from_the_focused_checkpoint_and_is_exported(
         focused = fingerprint_dir(recipe.head_checkpoint(fdb))
     assert recipe.main(["--out", str(out), "--stage", "extend", "--extend-corpus", "all",
                         "--extend-steps", "3", "--extend-batch", "4",
+                        "--extend-option", "exclude_repeats=true",
                         "--max-seconds", "600"]) == 0
     with gzip.open(out / "extend.jsonl.gz", "rt") as f:
         ids = [json.loads(line)["id"] for line in f]
@@ -171,6 +172,8 @@ def test_extend_stage_continues_from_the_focused_checkpoint_and_is_exported(
     rep = json.loads((out / "report-extend.json").read_text())
     assert rep["steps"] == 3 and rep["corpus"] == "all"
     assert rep["start"]["fingerprint"] == focused and rep["config"]["batch_blocks"] == 4
+    assert rep["config"]["exclude_repeats"] is True
+    assert rep["options"] == {"exclude_repeats": True}
     target = tmp_path / "shipped"
     assert recipe.main(["--out", str(out), "--stage", "export",
                         "--export-to", str(target)]) == 0
@@ -188,6 +191,16 @@ def test_extend_stage_continues_from_the_focused_checkpoint_and_is_exported(
     assert "extend" not in recipe._stages("all", "no")
     with pytest.raises(ProgrammingError, match="unknown extend corpus"):
         recipe.extend_corpus(out, "wiki")
+
+
+def test_extend_options_are_typed_and_a_malformed_one_is_a_usage_error(capsys):
+    from npmdb.arguments import parse_assignments
+
+    assert parse_assignments(["a=true", "b=3", "c=0.5", "d=word", "e=False"], "--x") == {
+        "a": True, "b": 3, "c": 0.5, "d": "word", "e": False}
+    with pytest.raises(SystemExit):
+        recipe.main(["--stage", "extend", "--extend-option", "exclude_repeats"])
+    assert "--extend-option wants NAME=VALUE, got 'exclude_repeats'" in capsys.readouterr().err
 
 
 def test_the_base_encoder_stays_selectable_by_name():
