@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["RetrainPlan", "plan", "index_entries", "sample_rows", "train_for"]
 
 VALID = F.VALID_START | F.VALID_END
+MAX_CHUNKS = 65536  # vector chunks a sample draws from (4.3G tokens at 65,536 a chunk)
 
 
 @dataclass(frozen=True)
@@ -92,27 +93,33 @@ def plan(entries: int, template: bytes | None, params: ivf.IvfParams,
 def sample_rows(readers: Sequence["SegmentReader"], txn, gen: int, want: int,
                 progress: Callable | None = None, seed: int = 13) -> np.ndarray:
     """About ``want`` stored start and end vectors of generation ``gen`` (float32, as the
-    IVF index codes them), from vector chunks drawn at random over the segments, so
-    the sample reads a fraction of the corpus and holds ``want`` rows at most."""
+    IVF index codes them), an equal share drawn at random from every vector chunk of every
+    segment (up to :data:`MAX_CHUNKS` chunks), so the sample covers the whole corpus.
+
+    A chunk holds 65,536 tokens: rows from a few whole chunks would be a few stretches of
+    the corpus, and k-means would fit its lists to those (a 25M-token replay retrained on 4
+    chunks' rows lost 0.15 of its recall). Only the drawn rows' pages are read."""
     chunks = [(i, c) for i, r in enumerate(readers)
               for c in range((r.record.tokens + r.chunk - 1) // r.chunk)]
-    order = np.random.default_rng(seed).permutation(len(chunks))
+    rng = np.random.default_rng(seed)
+    if len(chunks) > MAX_CHUNKS:
+        chunks = [chunks[j] for j in np.sort(rng.choice(len(chunks), MAX_CHUNKS,
+                                                        replace=False))]
+    share = -(-want // max(len(chunks), 1))
     bar = progress(want, "ivf sample", "vec") if progress else None
-    parts, got = [], 0
-    for j in order.tolist():
-        if got >= want:
-            break
-        i, c = chunks[j]
+    parts = []
+    for i, c in chunks:
         r = readers[i]
         a, z = c * r.chunk, min((c + 1) * r.chunk, r.record.tokens)
         keep = np.flatnonzero(r.columns(txn).flags[a:z] & VALID)
+        if len(keep) > share:
+            keep = np.sort(rng.choice(keep, share, replace=False))
         if not len(keep):
             continue
-        rows = r.stored_chunk(txn, gen, c)[keep][:want - got]
-        parts.append(np.asarray(r.codec.decode(rows), dtype=np.float32))
-        got += len(parts[-1])
+        parts.append(np.asarray(r.codec.decode(r.stored_chunk(txn, gen, c)[keep]),
+                                dtype=np.float32))
         if bar:
-            bar.update(len(parts[-1]))
+            bar.update(len(keep))
     if bar:
         bar.close()
     return np.concatenate(parts) if parts else np.zeros((0, readers[0].record.dim), np.float32)
