@@ -171,8 +171,8 @@ def _merge_live(sw: Any, r: "SegmentReader", txn, head: V.Manifest,
                 sw.add_stored(np.array(rows))
             else:  # another codec: decoded, then coded as the merged segment's
                 sw.add_vectors(r.codec.decode(rows))
-        if bar is not None:
-            bar.update(hi - lo)
+            if bar is not None:
+                bar.update(z - a)
 
 
 def _same_codec(stored: str, target: str) -> bool:
