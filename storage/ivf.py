@@ -363,12 +363,18 @@ class BackgroundCoder:
 
     def entries(self) -> Entries | None:
         """Every row coded, in order (waits for the thread); the thread is let go."""
+        return Entries.concat(self.parts())
+
+    def parts(self) -> list[Entries]:
+        """Every row coded, in order, as the windows were coded (waits for the thread; the
+        thread is let go): what :func:`build_ivf` adds one at a time, never joined."""
         try:
             while self._pending:
                 self._done.append(self._pending.pop(0).result())
         finally:
             self.close()
-        return Entries.concat(self._done)
+        done, self._done = self._done, []
+        return done
 
     def close(self) -> None:
         for f in self._pending:
@@ -400,21 +406,28 @@ def _add_entries(index, entries: Entries) -> None:
 
 
 def build_ivf(template: bytes | None, vectors: np.ndarray, labels: np.ndarray,
-              path: Path, entries: Entries | None = None) -> None:
+              path: Path, entries: "Entries | list[Entries] | None" = None) -> None:
     """Write the segment's index to ``path`` (fsynced): the template's IVF-PQ filled with
     ``vectors`` under ``labels`` (token positions) and with ``entries`` (vectors coded
-    elsewhere with the same template), or an exact flat index without a template."""
+    elsewhere with the same template), or an exact flat index without a template.
+
+    ``entries`` may be a list of parts in order (a coder's windows): each is added and
+    dropped from the list in turn, never joined, so the build holds the parts and the
+    index, not a third copy (a 100M-token merged segment's 52.6M entries are 4.2 GB a
+    copy: joined and sorted whole, its build was killed for memory on a 24 GB machine).
+    The file is the same either way: a list's entries keep the parts' order."""
     import faiss
 
     dim = vectors.shape[1]
+    parts = entries if isinstance(entries, list) else [] if entries is None else [entries]
     if template is not None:
         index = load_template(template, dim)
         if len(labels):
             _add_entries(index, Coder(index).encode(vectors, labels))
-        if entries is not None:  # appended after: what one add of both in order gives
-            _add_entries(index, entries)
+        while parts:  # appended after: what one add of both in order gives
+            _add_entries(index, parts.pop(0))
     else:
-        if entries is not None and len(entries.labels):
+        if any(len(p.labels) for p in parts):
             raise OperationalError("coded vectors for a segment without an IVF template")
         index = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
         if len(labels):

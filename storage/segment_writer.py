@@ -424,14 +424,12 @@ class SegmentWriter:
         """One IVF file over the valid starts and ends (each token once), filled from the
         generation's template; the first segment big enough trains and saves it."""
         pos, vecs = self._ivf_vectors()  # none left when they were coded ahead
-        parts = list(self._entries)
-        if self._ahead is not None and (coded := self._ahead.entries()) is not None:
-            parts.insert(0, coded)
-        entries = ivf.Entries.concat(parts)
-        n = len(pos) + (len(entries.labels) if entries is not None else 0)
+        parts = (self._ahead.parts() if self._ahead is not None else []) + self._entries
+        self._entries = []
+        n = len(pos) + sum(len(p.labels) for p in parts)
         bar = self.progress(n, "index (ivf)", "vec")
         template = self.ensure_template(vecs)
-        ivf.build_ivf(template, vecs, pos, target / f"g{self.gen}.{ivf.IVF_FILE}", entries)
+        ivf.build_ivf(template, vecs, pos, target / f"g{self.gen}.{ivf.IVF_FILE}", parts)
         bar.update(n)
         bar.close()
 

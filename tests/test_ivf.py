@@ -314,6 +314,13 @@ def test_entries_coded_apart_fill_the_same_index(tmp_path):
     e = ivf.Coder(ivf.load_template(t, 32)).encode(x[6500:], labels[1500:])
     ivf.build_ivf(t, x[5000:6500], labels[:1500], tmp_path / "b.ivf", entries=e)
     assert (tmp_path / "a.ivf").read_bytes() == (tmp_path / "b.ivf").read_bytes()
+    # in parts (a coder's windows), added one at a time and never joined: the same file
+    coder = ivf.Coder(ivf.load_template(t, 32))
+    parts = [coder.encode(x[a:a + 700], labels[a - 5000:a - 4300])
+             for a in range(5000, 9000, 700)]
+    ivf.build_ivf(t, x[:0], labels[:0], tmp_path / "p.ivf", entries=parts)
+    assert parts == []  # each part let go once added
+    assert (tmp_path / "a.ivf").read_bytes() == (tmp_path / "p.ivf").read_bytes()
     other = ivf.train_template(x[:5000], ivf.IvfParams(nlist=32, m=16))
     with pytest.raises(npmdb.OperationalError, match="another template"):
         ivf.build_ivf(other, x[:0], labels[:0], tmp_path / "c.ivf", entries=e)
