@@ -15,7 +15,7 @@ template with the segment in one transaction: HEAD's segments always share one t
 and older versions keep their segments, whose IVF files carry their own lists.
 
     retrain   plan(...)            -> RetrainPlan (entries, lists now, lists wanted, why)
-              sample_rows(...)     -> float32 rows: stored starts and ends, random chunks
+              sample_rows(...)     -> float32 rows: stored starts and ends, a share of each chunk
               train_for(...)       -> the serialised template
 """
 
