@@ -51,7 +51,8 @@ from .paths import fsync_path
 __all__ = ["IvfParams", "IvfFile", "IvfSide", "MIN_TRAIN", "template_key", "train_template",
            "build_ivf", "Entries", "Coder", "BackgroundCoder", "load_template",
            "check_ivf_params", "side_bitmap", "IVF_FILE", "read_template", "probe_count",
-           "corpus_nlist", "trainable_nlist", "outgrown", "template_nlist", "RETRAIN_FACTOR", "POINTS_PER_LIST"]
+           "corpus_nlist", "trainable_nlist", "outgrown", "template_nlist", "RETRAIN_FACTOR",
+           "POINTS_PER_LIST"]
 
 MIN_TRAIN = 4096  # vectors a template is trained on at least (PQ's 256 centroids each)
 IVF_FILE = "tokens.ivf"  # g{gen}.tokens.ivf
@@ -125,7 +126,7 @@ def _auto_nlist(n: int) -> int:
 
 
 # optimize() retrains a generation's template once its lists hold this many times
-# IvfParams.list_entries on average (bench/results/ivf-retrain.md)
+# IvfParams.list_entries on average (docs/SCALE.md section 4: what a retrain bought at 24.8M)
 RETRAIN_FACTOR = 2.0
 # the training sample of a retrained template: this many vectors a list (FAISS's k-means
 # subsamples to 256 a list; 64 keeps 8,192 lists trainable in minutes on 2 cores)
@@ -360,10 +361,6 @@ class BackgroundCoder:
 
         faiss.omp_set_num_threads(1)  # this thread's OpenMP only: the encoder has the cores
         return self.coder.encode(vectors, labels)
-
-    def entries(self) -> Entries | None:
-        """Every row coded, in order (waits for the thread); the thread is let go."""
-        return Entries.concat(self.parts())
 
     def parts(self) -> list[Entries]:
         """Every row coded, in order, as the windows were coded (waits for the thread; the
