@@ -330,7 +330,7 @@ class BackgroundCoder:
     no faster; there (``threaded=False``) each window is coded in the caller's thread
     as it arrives, which costs the same as coding every row at the end and holds a
     window instead of the segment. At most ``depth`` windows wait, so memory stays
-    bounded when the coder falls behind. :meth:`entries` gives the rows in the order they
+    bounded when the coder falls behind. :meth:`parts` gives the rows in the order they
     were handed in: the same entries :func:`build_ivf` would code from the same vectors.
     """
 
