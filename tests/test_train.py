@@ -276,6 +276,33 @@ def test_time_budget_stops_early_writes_head_and_can_be_resumed(db_copy):
     assert r2.resumed_from == r.steps and r2.steps == r.steps + 1
 
 
+def _losses(path, prefetch: bool) -> tuple[list[float], dict]:
+    """Per-step losses of a 4-step training run on the database at ``path`` resumed to 6
+    steps, and the sampler position each part's saved state records."""
+    losses: list[float] = []
+    states = []
+    with npmdb.open(path, progress=False) as db:
+        for kw in (dict(steps=4, batch_blocks=6, lr=1e-4, seed=5), dict(steps=6, resume=True)):
+            npmdb.train(db, progress=False, prefetch=prefetch,
+                        callback=lambda d: losses.append(d["loss"]), **kw)
+            states.append(load_train_state(db, tensors=False)[0]["sampler"])
+    return losses, states
+
+
+def test_prefetch_trains_the_same_run(tiny_db_path, tmp_path):
+    """Batches drawn a step ahead in a thread are the batches drawn in line: the same
+    losses step by step, and the saved sampler position is that of the last batch trained
+    on, not the one drawn ahead (else the resumed part would draw other batches)."""
+    runs = {}
+    for prefetch in (False, True):
+        path = tmp_path / f"prefetch-{prefetch}"
+        shutil.copytree(tiny_db_path, path)
+        runs[prefetch] = _losses(path, prefetch)
+    (inline, inline_states), (ahead, ahead_states) = runs[False], runs[True]
+    assert len(inline) == 6 and ahead == inline
+    assert ahead_states == inline_states and inline_states[0] != inline_states[1]
+
+
 def test_refresh_while_querying(db_copy):
     db = db_copy
     seen: list[tuple[int, int]] = []
@@ -368,6 +395,7 @@ def test_cli_train(db_copy, capsys):
     ({"steps": 2, "max_seconds": 0}, "max_seconds must be a positive"),
     ({"steps": 2, "max_seconds": -3.0}, "max_seconds must be a positive"),
     ({"steps": 2, "max_seconds": "60"}, "max_seconds must be a positive"),
+    ({"steps": 2, "prefetch": "yes"}, "prefetch must be True, False or None"),
 ])
 def test_bad_arguments(tiny_db, kwargs, match):
     with pytest.raises(ProgrammingError, match=match):

@@ -37,14 +37,18 @@ if TYPE_CHECKING:  # pragma: no cover
     from .loss import LossStats
     from .masking import MaskedBatch
 
-__all__ = ["Stepper", "draw_batch", "step_rng", "backward", "context_loss"]
+__all__ = ["Stepper", "draw_batch", "seed_step", "batch_rng", "backward", "context_loss"]
 
 
-def step_rng(seed: int, step: int) -> np.random.Generator:
-    """Seeds torch (dropout) for ``step`` and returns its sampling / masking generator."""
+def seed_step(seed: int, step: int) -> None:
+    """Seeds torch (dropout) for ``step``: call it in the thread that takes the step."""
     import torch
 
     torch.manual_seed(int(seed * 1_000_003 + step) % (2 ** 63))
+
+
+def batch_rng(seed: int, step: int) -> np.random.Generator:
+    """``step``'s sampling / masking generator (touches no global state: any thread)."""
     return np.random.default_rng([seed, step, 0xB47C])
 
 

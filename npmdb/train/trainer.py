@@ -35,7 +35,8 @@ from .state import (
     PRESETS, STATE_DIR, Checkpoint, TrainConfig, load_train_state, resolve_config, run_meta,
     save_checkpoint, saved_run,
 )
-from .step import Stepper, draw_batch, step_rng
+from .prefetch import BatchSource
+from .step import Stepper, seed_step
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -80,6 +81,7 @@ def train(
     log_every: int = 0,
     callback: Callable[[dict], Any] | None = None,
     max_seconds: float | None = None,
+    prefetch: bool | None = None,
 ) -> TrainReport:
     """Fine-tune ``db``'s encoder with NPM's objective on its own corpus; refresh embeddings.
 
@@ -151,6 +153,10 @@ def train(
             have passed, and write the final generation at the step reached (the
             learning-rate schedule stays planned for ``steps``, so a run stopped early
             ends before its decay does; ``resume`` can continue it).
+        prefetch: draw and mask the next batch in a background thread while the current
+            step runs (:mod:`npmdb.train.prefetch`; the same batches, so the same run);
+            default: on when training on a GPU, whose steps otherwise wait for the CPU's
+            masking, off on the CPU, where both compete for the same cores.
 
     Returns:
         A :class:`TrainReport`.
@@ -182,7 +188,10 @@ def train(
     dev = _device(device, cfg.threads)
     encoder = db.encoder_for(start_gen)
     stepper = Stepper(encoder, cfg, dev, saved)
-    run = _Run(db, cfg, stepper, sampler, encoder, start_gen)
+    if prefetch is not None and not isinstance(prefetch, bool):
+        raise ProgrammingError(f"prefetch must be True, False or None, got {prefetch!r}")
+    run = _Run(db, cfg, stepper, sampler, encoder, start_gen,
+               prefetch=dev.type != "cpu" if prefetch is None else prefetch)
     done, dropped = run.loop(progress, callback, max_seconds)
     head = next((v for v in db.versions() if v["head"]), None)
     return TrainReport(
@@ -240,8 +249,13 @@ class _Run:
     """One call's loop: steps, progress, callbacks and background refreshes."""
 
     def __init__(self, db: "Database", cfg: TrainConfig, stepper: Stepper,
-                 sampler: BatchSampler, encoder: "Encoder", start_generation: int) -> None:
+                 sampler: BatchSampler, encoder: "Encoder", start_generation: int,
+                 prefetch: bool = False) -> None:
         self.db, self.cfg, self.stepper, self.sampler = db, cfg, stepper, sampler
+        self.prefetch = prefetch
+        # the sampler's position after the last batch trained on (a checkpoint records it;
+        # with prefetch the sampler itself is a batch ahead)
+        self.sampler_state = sampler.state()
         self.encoder = encoder
         self.start_generation = start_generation
         self.history = History()
@@ -258,15 +272,19 @@ class _Run:
         with contextlib.ExitStack() as stack:
             stack.callback(bar.close)
             refresher = stack.enter_context(Refresher(self.db))
+            batches = stack.enter_context(BatchSource(self.sampler, cfg, self.encoder,
+                                                      self.step, ahead=self.prefetch))
             t_loop = time.perf_counter()
             deadline = math.inf if max_seconds is None else t_loop + max_seconds
             while self.step < cfg.steps and time.perf_counter() < deadline:
                 refresher.check()
-                rng = step_rng(cfg.seed, self.step)
-                mb, skipped = draw_batch(self.sampler, rng, cfg, self.encoder)
-                history.skipped += skipped
+                drawn = batches.next()
+                mb = drawn.batch
+                history.skipped += drawn.skipped
+                seed_step(cfg.seed, self.step)
                 stats = self.stepper.step(mb)
                 self.step += 1
+                self.sampler_state = drawn.sampler_state
                 step = self.step
                 lv = history.record(step, stats, mb)
                 elapsed = time.perf_counter() - t_loop
@@ -296,7 +314,7 @@ class _Run:
         cfg = self.cfg
         t = time.perf_counter()
         model = self.stepper.model_copy()
-        meta = run_meta(cfg, step=step, sampler=self.sampler.state(),
+        meta = run_meta(cfg, step=step, sampler=self.sampler_state,
                         start_generation=self.start_generation)
         opt_tensors = self.stepper.optimizer_state()
         tag = f"{cfg.tag_prefix}{step}" if cfg.tag_prefix else None
