@@ -78,19 +78,27 @@ print(json.dumps({"open_s": open_s, "import_s": import_s, "first_s": first_s, "m
 
 
 def replay(src: Path, dst: Path, tokens: int, index: str, codec: str, noise: float,
-           log=print, segment_copies: int = 1) -> dict:
+           log=print, segment_copies: int = 1, lists: int | None = None) -> dict:
     """Write copies of ``src`` into a new database ``dst`` until it holds ``tokens``;
     ``segment_copies`` copies of each source segment go into one new segment (one
-    version each), as ``add`` calls of that many copies' documents would write them."""
+    version each), as ``add`` calls of that many copies' documents would write them.
+    ``lists``: the IVF template's coarse lists (default: the first segment's own choice,
+    ~4·√n of its sample), trained on 64 rows a list as ``optimize()``'s retrain draws."""
     import npmdb
     from npmdb.corpus import Document
+    from npmdb.storage.dense import DenseParams
+    from npmdb.storage.ivf import POINTS_PER_LIST, IvfParams
 
     if segment_copies < 1:
         raise SystemExit(f"--segment-copies must be at least 1, got {segment_copies}")
+    ivf = IvfParams()
+    if lists is not None:
+        ivf = IvfParams(nlist=lists, train_points=max(ivf.train_points, POINTS_PER_LIST * lists))
     rng = np.random.default_rng(7)
     t0 = time.perf_counter()
     with npmdb.open(src, readonly=True, progress=False) as s, \
             npmdb.open(dst, encoder=s.encoder_for(0).path, index=index, codec=codec,
+                       dense_params=DenseParams(ivf=ivf),
                        progress=False) as d:  # the source's encoder: its vectors, its dim
         src_tokens = int(s.stats()["tokens"])
         copies = max(1, -(-tokens // src_tokens))
@@ -126,7 +134,7 @@ def replay(src: Path, dst: Path, tokens: int, index: str, codec: str, noise: flo
                 f"{time.perf_counter() - t:.0f} s, {d.stats()['tokens']} tokens")
     return {"src": str(src), "dst": str(dst), "copies": copies, "noise": noise,
             "index": index, "codec": codec, "segment_copies": segment_copies,
-            "build_s": time.perf_counter() - t0}
+            "lists": lists, "build_s": time.perf_counter() - t0}
 
 
 def merge(src: Path, dst: Path, log=print, retrain: bool | None = None) -> dict:
@@ -238,6 +246,9 @@ def main(argv=None) -> int:
     ap.add_argument("--noise", type=float, default=0.05)
     ap.add_argument("--segment-copies", type=int, default=1,
                     help="copies of each source segment written into one new segment")
+    ap.add_argument("--lists", type=int, default=None,
+                    help="the IVF template's coarse lists (default: the first segment's "
+                         "choice); e.g. 8192 for 100M tokens, what optimize() retrains to")
     ap.add_argument("--data", type=Path, default=Path("../shared/data/dev"))
     ap.add_argument("--queries", type=int, default=100)
     ap.add_argument("-k", type=int, default=1024)
@@ -256,7 +267,7 @@ def main(argv=None) -> int:
     elif not a.measure_only:
         out["build"] = replay(a.src, a.dst, a.tokens, a.index, a.codec, a.noise,
                               log=lambda m: print(m, file=sys.stderr, flush=True),
-                              segment_copies=a.segment_copies)
+                              segment_copies=a.segment_copies, lists=a.lists)
     else:  # keep how the database was built, from the run that built it
         prev = RESULTS / f"replay-{a.dst.name}.json"
         if prev.exists():
