@@ -10,23 +10,27 @@ not clean up.
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
 
 from .corpus import Document
+from .errors import OperationalError
 from npmdb.storage import codec as C
 from npmdb.storage import versions as V
 from npmdb.storage.dense import AUTO, AUTO_IVF_TOKENS, IVF
 from npmdb.storage.cleanup import drop_unkept, empty_trash
+from npmdb.storage.paths import segment_dir
 
 if TYPE_CHECKING:  # pragma: no cover
     from npmdb.storage.segments import SegmentReader
     from npmdb.storage.transaction import Writer
 
-__all__ = ["restore", "diff", "optimize", "vacuum", "Diff"]
+__all__ = ["restore", "diff", "optimize", "vacuum", "check_space", "Diff"]
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,9 @@ def optimize(writer: "Writer", message: str = "", index: str | None = None,
                 p = R.plan(R.index_entries(readers, txn),
                            ivf.read_template(writer.env, head.generation), writer.params.ivf,
                            retrain)
+            if len(head.segments) > 1 or head.deleted or converts or (p and p.retrain):
+                check_space(writer.root, readers, target)
+            if p is not None:
                 if p.retrain:
                     template = R.train_for(readers, txn, head.generation, writer.params.ivf,
                                            p.wanted, writer.progress)
@@ -124,6 +131,36 @@ def optimize(writer: "Writer", message: str = "", index: str | None = None,
                                              f"{list(head.segments)}{note}")
         empty_trash(writer.env, writer.root)  # what an earlier vacuum left for old readers
         return m.id
+
+
+# bytes a segment stores per token besides its vectors and its index files: token ids,
+# flags, offsets and block columns, the document text and ids (23 B on the 100M replay: 2.3
+# GB of LMDB rows for 100.3M tokens), with headroom
+ROW_BYTES_PER_TOKEN = 32
+
+
+def check_space(root: Path, readers: "list[SegmentReader]", codec: str) -> None:
+    """Raise :class:`OperationalError` before an optimize writes anything when the disk
+    under ``root`` cannot hold the merged segment beside the ones it replaces (they stay
+    until the commit; LMDB's file never shrinks, and it does not reliably reuse its free
+    pages for large rows: an in-place 100M-token optimize grew the file by the full
+    segment with 22 GB of free pages inside it)."""
+    tokens = sum(r.record.tokens for r in readers)
+    dim = readers[0].record.dim if readers else 0
+    files = sum(f.stat().st_size for r in readers
+                for f in segment_dir(root, r.seg).rglob("*") if f.is_file())
+    need = files + tokens * (C.get_codec(codec).bytes_per_vector(dim) + ROW_BYTES_PER_TOKEN)
+    free = shutil.disk_usage(root).free
+    if need > free:
+        raise OperationalError(
+            f"optimize needs about {_size(need)} of free disk for the merged segment "
+            f"({tokens:,} tokens; the segments it replaces stay until it commits) and "
+            f"{_size(free)} are free under {root}: free disk space and run it again "
+            "(nothing was written)")
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
 
 
 def _writes_ivf(writer: "Writer", head: V.Manifest) -> bool:

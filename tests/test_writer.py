@@ -238,6 +238,32 @@ def test_optimize_keeps_empty_documents(new_db):
     assert new_db.check().clean
 
 
+def test_optimize_without_the_disk_for_the_merged_segment_refuses_and_writes_nothing(
+        new_db, monkeypatch):
+    """optimize() checks the free disk against the merged segment's size before it writes:
+    a disk too small for it (simulated: ``shutil.disk_usage`` reports 1 kB free) is a clear
+    error, and HEAD, its segments and the LMDB file are as they were."""
+    import shutil
+
+    from npmdb import maintenance
+
+    new_db.add(_docs("a", 3))
+    new_db.add(_docs("b", 2))
+    head, size = new_db.version, (new_db.path / "data.mdb").stat().st_size
+    usage = shutil.disk_usage(new_db.path)
+    monkeypatch.setattr(maintenance.shutil, "disk_usage",
+                        lambda p: usage._replace(free=1_000))
+    with pytest.raises(npmdb.OperationalError,
+                       match=r"optimize needs about .* MB of free disk .* 0\.0 MB are free"):
+        new_db.optimize()
+    assert new_db.version == head and new_db.stats()["segments"] == 2
+    assert (new_db.path / "data.mdb").stat().st_size == size
+    monkeypatch.undo()
+    new_db.optimize()  # the disk it has is enough
+    assert new_db.stats()["segments"] == 1 and new_db.count() == 5
+    assert new_db.check().clean
+
+
 def test_maintenance_inside_a_batch_with_changes_is_refused(new_db):
     new_db.add(_docs("a", 2))
     new_db.add(_docs("b", 2))
