@@ -34,9 +34,11 @@ import statistics
 import sys
 from pathlib import Path
 
+from npmdb.arguments import parse_assignments
+
 from .common import RESULTS, publish
-from .report import _save
 from .memcap import MemoryCap
+from .report import _save
 from .replay import measure
 
 
@@ -47,11 +49,11 @@ def _median_run(runs: list[dict]) -> dict:
 
 
 def run(paths: list[Path], data: Path, k: int, queries: int, rounds: int,
-        cap_ratio: float = 0.0, log=print) -> dict:
+        cap_ratio: float = 0.0, log=print, ivf: dict | None = None) -> dict:
     runs: dict[str, list[dict]] = {str(p): [] for p in paths}
     for r in range(rounds):
         for p in paths:
-            got = measure(p, data, k, queries)
+            got = measure(p, data, k, queries, ivf=ivf)
             runs[str(p)].append(got)
             log(f"round {r + 1}/{rounds} {p.name}: {got['tokens']:,} tokens, p50 "
                 f"{got['latency']['p50']:.1f} ms, anon {got['rss']['RssAnon']:.0f} MB")
@@ -69,7 +71,7 @@ def run(paths: list[Path], data: Path, k: int, queries: int, rounds: int,
                      "stages": m["stages"], "rss_mb": m["rss"]["VmRSS"],
                      "anon_mb": m["rss"]["RssAnon"], "file_mb": m["rss"]["RssFile"],
                      "build_s": build.get("build_s"), "build": build})
-    out = {"k": k, "queries": queries, "rounds": rounds, "rows": rows}
+    out = {"k": k, "queries": queries, "rounds": rounds, "rows": rows, "ivf": ivf or {}}
     why = MemoryCap.available() if cap_ratio > 0 else "not asked for"
     if why:
         log(f"no memory-capped runs: {why}")
@@ -117,7 +119,10 @@ def render(out: dict) -> str:
               f"{out['rounds']} rounds in turn (median round kept; p50 of each round: " +
               "; ".join(f"{r['db']} " + "/".join(f"{x:.0f}" for x in r["p50_rounds"])
                         for r in rows) + "). Open excludes imports. The encoder forward is "
-              "the median EncodeQuery of the same process.", ""]
+              "the median EncodeQuery of the same process." + (
+                  " Searched with IvfParams(" + ", ".join(
+                      f"{n}={v}" for n, v in out["ivf"].items()) + ")." if out.get("ivf")
+                  else ""), ""]
     if "cap_mb" in out:
         lines += _render_capped(out)
     if out.get("plot"):
@@ -196,9 +201,16 @@ def main(argv=None) -> int:
     ap.add_argument("--cap-ratio", type=float, default=1.3,
                     help="also measure each database under a memory limit of this multiple "
                          "of the first one's VmRSS (needs a writable cgroup; 0: skip)")
+    ap.add_argument("--ivf", action="append", default=[], metavar="NAME=VALUE",
+                    help="an IvfParams field every database is searched with (repeatable), "
+                         "e.g. refine=12")
     a = ap.parse_args(argv)
+    try:
+        ivf = parse_assignments(a.ivf, "--ivf")
+    except ValueError as exc:
+        ap.error(str(exc))
     out = run(a.dbs, a.data, a.k, a.queries, a.rounds, a.cap_ratio,
-              log=lambda m: print(m, file=sys.stderr, flush=True))
+              log=lambda m: print(m, file=sys.stderr, flush=True), ivf=ivf)
     out["name"] = a.name
     out["plot"] = plot(out, RESULTS / f"corpus-size-{a.name}.png")
     return publish(f"corpus-size-{a.name}", out, render)

@@ -55,7 +55,13 @@ t = time.perf_counter()
 import npmdb.database, npmdb.query.executor  # the modules a first open would import
 import_s = time.perf_counter() - t
 t = time.perf_counter()
-db = npmdb.open(sys.argv[1], readonly=True, progress=False)
+ivf = json.loads(sys.argv[5]) if len(sys.argv) > 5 else {}  # IvfParams fields to search with
+opts = {}
+if ivf:
+    from npmdb.storage.dense import DenseParams
+    from npmdb.storage.ivf import IvfParams
+    opts["dense_params"] = DenseParams(ivf=IvfParams(**ivf))
+db = npmdb.open(sys.argv[1], readonly=True, progress=False, **opts)
 open_s = time.perf_counter() - t
 qs = json.loads(sys.argv[2]); k = int(sys.argv[3]); passes = int(sys.argv[4])
 t = time.perf_counter(); db.fill_mask(qs[0], k=k); first_s = time.perf_counter() - t
@@ -189,19 +195,22 @@ def merge(src: Path, dst: Path, log=print, retrain: bool | None = None) -> dict:
                     f"by optimize() ({optimize_s:.0f} s)"}
 
 
-def measure(dst: Path, data: Path, k: int, n: int, cap_mb: float | None = None) -> dict:
+def measure(dst: Path, data: Path, k: int, n: int, cap_mb: float | None = None,
+            ivf: dict | None = None) -> dict:
     """``dst`` measured in a fresh process. With ``cap_mb`` the process runs in a memory
     cgroup of that limit (``bench.memcap``), starting from an evicted page cache, and runs
     the queries twice: the first pass reads the working set in, the second is reported
-    (``pass_p50`` has both, ``peak_mb`` the most memory the cgroup was charged)."""
+    (``pass_p50`` has both, ``peak_mb`` the most memory the cgroup was charged). ``ivf``:
+    ``IvfParams`` fields the process searches with (e.g. ``{"refine": 12}``)."""
     qs = [r["query"] for r in load_jsonl(data / "cloze.jsonl")[:n]]
     cmd = [sys.executable, "-c", _PROBE, str(dst), json.dumps(qs), str(k)]
+    extra = [json.dumps(ivf or {})]
     if cap_mb is None:
-        out = subprocess.run(cmd + ["1"], capture_output=True, text=True)
+        out = subprocess.run(cmd + ["1"] + extra, capture_output=True, text=True)
     else:
         evict(dst)
         with MemoryCap(cap_mb) as cap:
-            out = subprocess.run(cmd + ["2"], capture_output=True, text=True,
+            out = subprocess.run(cmd + ["2"] + extra, capture_output=True, text=True,
                                  preexec_fn=cap.preexec)
             peak = cap.peak_mb()
     if out.returncode:

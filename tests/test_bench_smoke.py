@@ -66,6 +66,7 @@ def test_replay_and_corpus_size_scale_step(tiny_data, tiny_encoder, tmp_path, sa
     import npmdb
     from bench.corpus_size import plot, render, run
     from bench.replay import merge, replay
+    from npmdb.storage import ivf
 
     src = tmp_path / "src"
     with npmdb.open(src, encoder=tiny_encoder, index="ivf", codec="int4", progress=False) as db:
@@ -96,6 +97,15 @@ def test_replay_and_corpus_size_scale_step(tiny_data, tiny_encoder, tmp_path, sa
     assert big_row["tokens"] == 3 * small_row["tokens"] and big_row["segments"] == 3
     assert big_row["index"] == {"ivf": 3} and big_row["p50"] > 0 and big_row["anon_mb"] > 0
     assert merged_row["tokens"] == big_row["tokens"] and merged_row["segments"] == 1
+    listed = tmp_path / "listed"  # --lists 32: the template's coarse lists, as given
+    replay(src, listed, 3 * n, "ivf", "int4", 0.05, log=lambda m: None, lists=32,
+           segment_copies=3)  # one segment with enough rows (ivf.MIN_TRAIN) for a template
+    with npmdb.open(listed, readonly=True, progress=False) as db:
+        assert ivf.template_nlist(ivf.read_template(db.env, 0)) == 32
+    searched = run([listed], tiny_data, k=16, queries=3, rounds=1, log=lambda m: None,
+                   ivf={"refine": 6})  # corpus_size --ivf refine=6
+    assert searched["ivf"] == {"refine": 6} and searched["rows"][0]["p50"] > 0
+    assert "Searched with IvfParams(refine=6)." in render(searched)
     out["name"] = "tiny"
     out["plot"] = plot(out, tmp_path / "size.png")
     if importlib.util.find_spec("matplotlib"):  # the bench extra (make test does not install it)
