@@ -172,6 +172,8 @@ def train(
                                     or not max_seconds > 0):
         raise ProgrammingError(f"max_seconds must be a positive number of seconds, "
                                f"got {max_seconds!r}")
+    if prefetch is not None and not isinstance(prefetch, bool):
+        raise ProgrammingError(f"prefetch must be True, False or None, got {prefetch!r}")
     saved = saved_run(db, preset=preset, resume=resume)
     cfg = resolve_config(dict(
         steps=steps, batch_blocks=batch_blocks, lr=lr, group_size=group_size, warmup=warmup,
@@ -188,8 +190,6 @@ def train(
     dev = _device(device, cfg.threads)
     encoder = db.encoder_for(start_gen)
     stepper = Stepper(encoder, cfg, dev, saved)
-    if prefetch is not None and not isinstance(prefetch, bool):
-        raise ProgrammingError(f"prefetch must be True, False or None, got {prefetch!r}")
     run = _Run(db, cfg, stepper, sampler, encoder, start_gen,
                prefetch=dev.type != "cpu" if prefetch is None else prefetch)
     done, dropped = run.loop(progress, callback, max_seconds)
