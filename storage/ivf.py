@@ -233,14 +233,6 @@ class Entries:
         a, z = np.searchsorted(self.labels, [lo, hi])
         return Entries(self.labels[a:z] - lo, self.lists[a:z], self.codes[a:z])
 
-    @staticmethod
-    def concat(parts: list["Entries"]) -> "Entries | None":
-        if not parts:
-            return None
-        return Entries(np.concatenate([p.labels for p in parts]),
-                       np.concatenate([p.lists for p in parts]),
-                       np.concatenate([p.codes for p in parts]))
-
 
 class Coder:
     """Codes vectors against a trained template (:func:`load_template`) as

@@ -48,7 +48,6 @@ class BatchSource:
     def __init__(self, sampler: "BatchSampler", cfg: "TrainConfig", encoder: "Encoder",
                  start: int, *, ahead: bool) -> None:
         self.sampler, self.cfg, self.encoder = sampler, cfg, encoder
-        self.ahead = ahead
         self._next = start
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="npmdb-batches") if ahead else None
         self._pending: Future[Drawn] | None = None
