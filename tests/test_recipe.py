@@ -143,15 +143,20 @@ def test_train_focus_and_export_stages_ship_a_loadable_fp16_checkpoint(
 
 
 def test_extend_stage_continues_from_the_focused_checkpoint_and_is_exported(
-        tiny_encoder, sample_corpus, tmp_path):
+        tiny_encoder, sample_corpus, tmp_path, monkeypatch):
     """The GPU stage (run here on the CPU, a few steps): over the focus corpus joined with
     the general one (a document in both once), from the focused checkpoint; the export
-    records three stages; a new focus stage drops the stale extension."""
+    records three stages and keeps the default it replaces; a new focus stage drops the
+    stale extension."""
     import gzip
 
     import torch
 
+    import npmdb.encoder as enc_mod
     from npmdb.encoder import fingerprint_dir
+
+    target = tmp_path / "models" / "minilm-npm"
+    monkeypatch.setattr(enc_mod, "shipped_encoder_dir", lambda: target)
 
     out = tmp_path / "recipe"
     recipe._write_jsonl(out / "corpus.jsonl.gz", sample_corpus[:300])
@@ -162,6 +167,9 @@ def test_extend_stage_continues_from_the_focused_checkpoint_and_is_exported(
     assert recipe.main(["--out", str(out), "--stage", "focus", "--focus-steps", "2"]) == 0
     with recipe.focus_db(out) as fdb:
         focused = fingerprint_dir(recipe.head_checkpoint(fdb))
+    assert recipe.main(["--out", str(out), "--stage", "export",
+                        "--export-to", str(target)]) == 0
+    shipped_before = json.loads((target / "recipe.json").read_text())["fingerprint"]
     assert recipe.main(["--out", str(out), "--stage", "extend", "--extend-corpus", "all",
                         "--extend-steps", "3", "--extend-batch", "4",
                         "--extend-option", "exclude_repeats=true",
@@ -174,11 +182,14 @@ def test_extend_stage_continues_from_the_focused_checkpoint_and_is_exported(
     assert rep["start"]["fingerprint"] == focused and rep["config"]["batch_blocks"] == 4
     assert rep["config"]["exclude_repeats"] is True
     assert rep["options"] == {"exclude_repeats": True}
-    target = tmp_path / "shipped"
     assert recipe.main(["--out", str(out), "--stage", "export",
                         "--export-to", str(target)]) == 0
     rec = json.loads((target / "recipe.json").read_text())
     assert list(rec["stages"]) == ["general", "focus", "extend"] and rec["steps"] == 7
+    # the default it replaced is kept beside it, under its fingerprint
+    kept = target.with_name(f"minilm-npm-{shipped_before[:8]}")
+    assert fingerprint_dir(kept) == shipped_before
+    assert enc_mod.shipped_encoders() == {shipped_before: kept, rec["fingerprint"]: target}
     assert rec["stages"]["extend"]["device"] == rep["device"]
     with recipe.extend_db(out) as edb:
         assert fingerprint_dir(recipe.head_checkpoint(edb)) != focused
@@ -214,12 +225,16 @@ def test_the_base_encoder_stays_selectable_by_name():
 def test_the_shipped_encoder_is_the_default_and_matches_its_recorded_fingerprint():
     """npmdb ships its own trained encoder (``make encoder`` rebuilds it)."""
     from npmdb.encoder import (
-        Encoder, default_encoder_path, fingerprint_dir, shipped_encoder_dir,
+        Encoder, default_encoder_path, fingerprint_dir, shipped_encoder_dir, shipped_encoders,
     )
 
     d = shipped_encoder_dir()
     rec = json.loads((d / "recipe.json").read_text())
     assert fingerprint_dir(d) == rec["fingerprint"]          # the weights are the recorded ones
+    # the defaults of earlier releases, kept for the databases made with them
+    kept = shipped_encoders()
+    assert kept[rec["fingerprint"]] == d and len(kept) >= 2
+    assert all(fingerprint_dir(p) == fp for fp, p in kept.items())
     assert default_encoder_path() == d
     assert rec["steps"] > 0 and rec["corpus"]["documents"] > 0 and rec["loss_curve"]
     enc = Encoder(d)
