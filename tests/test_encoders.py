@@ -166,3 +166,32 @@ def test_a_database_keeps_an_earlier_release_default_encoder(tmp_path, monkeypat
         with pytest.raises(npmdb.OperationalError,
                            match="default encoder of another npmdb release .* does not ship"):
             db.fill_mask("The capital of France is [MASK].", retrieval="dense")
+
+
+def test_a_database_finds_the_installed_base_after_its_environment_moved(
+        tmp_path, monkeypatch, sample_corpus):
+    """A database made with the untrained base records the base's directory inside a
+    virtual environment; after the environment is rebuilt elsewhere the recorded directory
+    is gone and the installed base, with the same sha256, answers instead."""
+    import shutil
+
+    import npmdb.encoder as enc_mod
+
+    old_env = make_tiny_encoder(tmp_path / "old-venv" / "model", seed=3)
+    with npmdb.open(tmp_path / "db", encoder=old_env, progress=False) as db:
+        db.add(sample_corpus[:40])
+        before = db.fill_mask("The capital of France is [MASK].", retrieval="dense").to_list()
+    new_env = tmp_path / "new-venv" / "model"
+    shutil.copytree(old_env, new_env)
+    shutil.rmtree(old_env)
+    monkeypatch.setattr(enc_mod, "base_encoder_path", lambda: new_env)
+    with npmdb.open(tmp_path / "db", progress=False) as db:
+        assert db.fill_mask("The capital of France is [MASK].",
+                            retrieval="dense").to_list() == before
+        assert db.encoder.path == new_env.resolve()
+    # another base installed: the database refuses rather than mix encoders
+    shutil.rmtree(new_env)
+    make_tiny_encoder(new_env, seed=4)
+    with npmdb.open(tmp_path / "db", progress=False) as db:
+        with pytest.raises(npmdb.OperationalError, match="is gone and no installed encoder"):
+            db.fill_mask("The capital of France is [MASK].", retrieval="dense")
