@@ -49,7 +49,9 @@ bench: $(STAMP)
 	$(BIN)/python -m bench
 
 # Rebuilds the shipped default encoder (npmdb/models/minilm-npm) from packaged text:
-# `npmdb.train.recipe` builds the corpus, trains the base on it, exports the checkpoint.
+# `npmdb.train.recipe` builds the corpus, trains the base on it (general and focus stages;
+# where CUDA is present also the extend stage that made the shipped checkpoint), exports the
+# checkpoint and keeps the default it replaces as npmdb/models/minilm-npm-<sha256>.
 ENCODER_PACKAGES := wordnet-base dict-gcide dict-foldoc dict-jargon dict-devil fortunes \
 	$(foreach l,deu fra ita spa nld swe,dict-freedict-$(l)-eng dict-freedict-eng-$(l)) \
 	$(foreach p,eng-ell ell-eng eng-rus eng-jpn eng-ara ara-eng,dict-freedict-$(p))
