@@ -79,13 +79,17 @@ def shipped_encoders() -> dict[str, Path]:
     return found
 
 
-def find_encoder(fingerprint: str) -> Path | None:
-    """The installed encoder directory whose weights have ``fingerprint``: one of npmdb's
-    shipped encoders (:func:`shipped_encoders`), else the untrained base; None if neither.
-    The caller verifies the weights (``fingerprint_dir``) before it trusts them."""
+def find_encoder(fingerprint: str, recorded: Path | None = None) -> Path | None:
+    """Where the encoder with weights ``fingerprint`` is installed: one of npmdb's shipped
+    encoders (:func:`shipped_encoders`, by their recorded fingerprints, so a default an
+    upgrade replaced is found), else ``recorded`` while it holds a model, else the untrained
+    base if its weights match (its virtual environment moved); None if none. The caller
+    verifies the weights (``fingerprint_dir``) before it trusts them."""
     found = shipped_encoders().get(fingerprint)
     if found is not None:
         return found
+    if recorded is not None and (recorded / "config.json").exists():
+        return recorded
     try:
         base = base_encoder_path()
     except NotSupportedError:

@@ -89,17 +89,8 @@ class Encoders:
 
     @staticmethod
     def _installed(recorded: Path, info: enc_mod.EncoderInfo) -> Path:
-        """Where the encoder recorded as ``info`` is now: the recorded directory while it
-        holds a model; else the installed encoder with the recorded weights (the base
-        after its virtual environment moved). A shipped default that an upgrade replaced
-        is found among the shipped encoders by its fingerprint (``recipe.json``, no
-        hashing); the caller verifies the weights of whatever this returns."""
-        shipped = enc_mod.shipped_encoders().get(info.fingerprint)
-        if shipped is not None:
-            return shipped
-        if (recorded / "config.json").exists():
-            return recorded
-        found = enc_mod.find_encoder(info.fingerprint)
+        """Where the encoder recorded as ``info`` is now (:func:`npmdb.encoder.find_encoder`)."""
+        found = enc_mod.find_encoder(info.fingerprint, recorded)
         if found is None:
             raise OperationalError(
                 f"the encoder this database was built with ({recorded}, sha256 "
