@@ -193,6 +193,12 @@ def test_extend_stage_continues_from_the_focused_checkpoint_and_is_exported(
     assert rec["stages"]["extend"]["device"] == rep["device"]
     with recipe.extend_db(out) as edb:
         assert fingerprint_dir(recipe.head_checkpoint(edb)) != focused
+    # extending an exported checkpoint records how that one was made: the stages nest
+    assert recipe.main(["--out", str(out), "--stage", "extend", "--extend-from", str(target),
+                        "--extend-steps", "2", "--extend-batch", "4"]) == 0
+    again = json.loads((out / "report-extend.json").read_text())["start"]
+    assert again["fingerprint"] == rec["fingerprint"]
+    assert again["stages"] == json.loads(json.dumps(rec["stages"]))
     # a new focused checkpoint makes the extension stale: it is dropped
     assert recipe.main(["--out", str(out), "--stage", "focus", "--focus-steps", "2"]) == 0
     assert not (out / "report-extend.json").exists() and not (out / "extend-db").exists()

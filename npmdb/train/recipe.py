@@ -444,6 +444,9 @@ def _extend_stage(out: Path, args: argparse.Namespace, **kw: Any) -> dict:
     record = {"start": {"path": str(start), "fingerprint": fingerprint_dir(start)},
               "corpus": args.extend_corpus, "options": args.extend_option,
               "max_seconds": args.max_seconds}
+    made = Path(start) / "recipe.json"
+    if made.exists():  # an exported checkpoint: keep how it was made (stages nest)
+        record["start"]["stages"] = json.loads(made.read_text()).get("stages", {})
     with extend_db(out, start, corpus=args.extend_corpus) as edb:
         return _train_stage(edb, out / "report-extend.json", recipe=EXTEND, record=record,
                             steps=args.extend_steps, batch_blocks=args.extend_batch,
