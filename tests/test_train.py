@@ -395,7 +395,7 @@ def test_cli_train(db_copy, capsys):
     ({"steps": 2, "max_seconds": 0}, "max_seconds must be a positive"),
     ({"steps": 2, "max_seconds": -3.0}, "max_seconds must be a positive"),
     ({"steps": 2, "max_seconds": "60"}, "max_seconds must be a positive"),
-    ({"steps": 2, "prefetch": "yes"}, "prefetch must be True, False or None"),
+    ({"steps": 2, "prefetch": "yes"}, "prefetch must be True or False"),
 ])
 def test_bad_arguments(tiny_db, kwargs, match):
     with pytest.raises(ProgrammingError, match=match):
