@@ -14,8 +14,9 @@ runnable alone::
              with FOCUS                                                 → report-focus.json
     extend   (on a GPU: ``--extend auto`` runs it where CUDA is present) a database over
              the extend corpus (``--extend-corpus``: the focus corpus, or it joined with the
-             general one) encoded with the focused checkpoint (or ``--extend-from``),
-             npmdb.train on it with EXTEND: more steps, larger batches  → report-extend.json
+             general one) encoded with the focused checkpoint (or ``--extend-from``: an
+             exported one's recipe.json stages nest under ``start``), npmdb.train on it
+             with EXTEND: more steps, larger batches                    → report-extend.json
     export   the last stage's checkpoint → npmdb/models/<name>/ (float16 safetensors,
              tokenizer, recipe.json with every stage's loss curve, steps, wall time and
              device, the corpus manifest)
