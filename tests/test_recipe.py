@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -199,6 +200,13 @@ def test_extend_stage_continues_from_the_focused_checkpoint_and_is_exported(
     again = json.loads((out / "report-extend.json").read_text())["start"]
     assert again["fingerprint"] == rec["fingerprint"]
     assert again["stages"] == json.loads(json.dumps(rec["stages"]))
+    broken = tmp_path / "broken"
+    shutil.copytree(target, broken)
+    (broken / "recipe.json").write_text("{not json")
+    with pytest.raises(ProgrammingError, match="not a recipe.json that npmdb wrote"):
+        recipe.main(["--out", str(out), "--stage", "extend", "--extend-from", str(broken),
+                     "--extend-steps", "2", "--extend-batch", "4"])
+    assert (out / "report-extend.json").exists()  # the refused run kept the last extension
     # a new focused checkpoint makes the extension stale: it is dropped
     assert recipe.main(["--out", str(out), "--stage", "focus", "--focus-steps", "2"]) == 0
     assert not (out / "report-extend.json").exists() and not (out / "extend-db").exists()

@@ -441,13 +441,17 @@ def _extend_stage(out: Path, args: argparse.Namespace, **kw: Any) -> dict:
     else:
         with focus_db(out) as fdb:
             start = head_checkpoint(fdb)
-    _drop_extend(out)
     record = {"start": {"path": str(start), "fingerprint": fingerprint_dir(start)},
               "corpus": args.extend_corpus, "options": args.extend_option,
               "max_seconds": args.max_seconds}
     made = Path(start) / "recipe.json"
     if made.exists():  # an exported checkpoint: keep how it was made (stages nest)
-        record["start"]["stages"] = json.loads(made.read_text()).get("stages", {})
+        try:
+            record["start"]["stages"] = json.loads(made.read_text()).get("stages", {})
+        except (OSError, ValueError, AttributeError) as exc:
+            raise ProgrammingError(f"{made} is not a recipe.json that npmdb wrote ({exc}): "
+                                   f"fix or remove it, then run the extend stage again") from exc
+    _drop_extend(out)  # only once the start is known good: a refused run keeps the last one
     with extend_db(out, start, corpus=args.extend_corpus) as edb:
         return _train_stage(edb, out / "report-extend.json", recipe=EXTEND, record=record,
                             steps=args.extend_steps, batch_blocks=args.extend_batch,
