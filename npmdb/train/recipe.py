@@ -327,13 +327,13 @@ def _keep_previous(target: Path, fingerprint: str) -> None:
     """Before an export replaces the shipped default, move the one it replaces aside as
     ``minilm-npm-<fingerprint>``: databases made with it keep opening
     (``npmdb.encoder.shipped_encoders``)."""
-    from npmdb.encoder import shipped_encoder_dir
+    from npmdb.encoder import shipped_encoder_dir, shipped_encoders
 
     if target.resolve() != shipped_encoder_dir().resolve():
         return
-    try:
-        old = json.loads((target / "recipe.json").read_text())["fingerprint"]
-    except (OSError, ValueError, KeyError):
+    old = next((fp for fp, d in shipped_encoders().items() if d.resolve() == target.resolve()),
+               None)
+    if old is None:
         return
     kept = target.with_name(f"{target.name}-{old[:8]}")
     if old != fingerprint and not kept.exists():
