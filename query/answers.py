@@ -19,7 +19,7 @@ import numpy as np
 from . import scoring as S
 from .calibration import calibrated_scores
 from .operators import (
-    Answers, Candidates, ExecState, Group, Occurrences, Operator, _empty, _fmt,
+    Answers, BlockHits, Candidates, ExecState, Group, Occurrences, Operator, _empty, _fmt,
 )
 from .surfaces import (  # re-exported: the answer stages' view of occurrences
     Located, Surfaces, locate, locate_in, snippet, surface, surfaces_of, widen_to_words,
@@ -30,7 +30,7 @@ __all__ = [
     "AssembleSpans", "ScoreSpans", "ScoreTokens", "Aggregate", "ClassifyLabels",
     "FilterAnswers", "OrderBy", "Limit", "AttachEvidence", "Surfaces", "Located", "locate",
     "locate_in", "snippet", "surface", "span_sims", "token_sims", "scores_from_sims",
-    "widen_to_words",
+    "widen_to_words", "block_prior",
 ]
 
 # -- phrase assembly and scoring ------------------------------------------------------------
@@ -128,36 +128,76 @@ def _exact_sims(snap: Any, seg: np.ndarray, pos: list[np.ndarray], qs: list[np.n
             for i, u in enumerate(uniqs)]
 
 
+def block_prior(st: ExecState, op: Operator, seg: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """The block prior of occurrences at ``(seg, pos)``: the BM25 score on its text alone of
+    the block holding each, from the :class:`BlockHits` (with text scores) under ``op``;
+    0 for a block BM25 did not retrieve (a dense candidate's, in hybrid retrieval)."""
+    out = np.zeros(len(pos), np.float64)
+    stack, hits = [op], None
+    while stack and hits is None:
+        o = stack.pop()
+        got = st.outputs.get(id(o))
+        hits = got if isinstance(got, BlockHits) else None
+        stack.extend(o.children)
+    if hits is None or not len(pos):
+        return out
+    text = {(h[0], h[1]): h[3] for h in hits.hits if len(h) > 3}
+    for si in np.unique(seg).tolist():
+        m = seg == si
+        blocks = st.snapshot.columns(si).block_of(pos[m])
+        out[m] = [text.get((si, int(b)), 0.0) for b in blocks.tolist()]
+    return out
+
+
 @dataclass(frozen=True)
 class ScoreSpans(Operator):
-    """Exact similarities for every start in S and end in E, then NPM's span score."""
+    """Exact similarities for every start in S and end in E, then NPM's span score.
+    ``prior`` > 0 adds ``prior`` x the block's BM25 text score (:func:`block_prior`) to
+    each start's and end's similarity before the softmax (0: NPM's score exactly)."""
 
     tau: float
     scoring: str = "npm"
     children: tuple = ()
+    prior: float = 0.0
 
     def detail(self) -> str:
-        return _fmt(tau=self.tau, scoring=self.scoring)
+        return _fmt(tau=self.tau, scoring=self.scoring) + \
+            (f", bm25_prior={self.prior:g}" if self.prior else "")
 
     def run(self, st: ExecState) -> Occurrences:
         sp, ((inv_s, sims_s), (inv_e, sims_e)) = span_sims(st.snapshot,
                                                            st.input(self, Occurrences))
+        if self.prior:
+            bonus = self.prior * block_prior(st, self, sp.seg, sp.s)
+            sims_s, sims_e = _with_prior(sims_s, inv_s, bonus), _with_prior(sims_e, inv_e, bonus)
         score, _, _ = S.span_scores(inv_s, inv_e, sims_s, sims_e, tau=self.tau,
                                     scoring=self.scoring)
         st.info["unique_starts"], st.info["unique_ends"] = len(sims_s), len(sims_e)
         return replace(sp, score=score)
 
 
-def scores_from_sims(occ: Occurrences, tau: float, scoring: str) -> tuple[np.ndarray, int, int]:
+def _with_prior(sims: np.ndarray, inv: np.ndarray, bonus: np.ndarray) -> np.ndarray:
+    """``sims`` (one per unique position) plus the prior of each position's block (the
+    occurrences ``inv`` maps to one position all lie in its block)."""
+    out = np.asarray(sims, np.float64).copy()
+    out[inv] += bonus
+    return out
+
+
+def scores_from_sims(occ: Occurrences, tau: float, scoring: str, prior: np.ndarray | None = None
+                     ) -> tuple[np.ndarray, int, int]:
     """:class:`ScoreSpans`' scores from each occurrence's similarities (gathered from
     shards): the unique starts and ends in (segment, position) order, as one process
-    finds them, then NPM's span score. Returns the scores and the unique counts."""
+    finds them, then NPM's span score, with ``prior`` (per occurrence, already weighted)
+    added to both similarities. Returns the scores and the unique counts."""
     key_s = occ.seg * (1 << 40) + occ.s
     key_e = occ.seg * (1 << 40) + occ.e
     us, first_s, inv_s = np.unique(key_s, return_index=True, return_inverse=True)
     ue, first_e, inv_e = np.unique(key_e, return_index=True, return_inverse=True)
-    score, _, _ = S.span_scores(inv_s, inv_e, occ.sim_s[first_s], occ.sim_e[first_e],
-                                tau=tau, scoring=scoring)
+    sims_s, sims_e = occ.sim_s[first_s], occ.sim_e[first_e]
+    if prior is not None:
+        sims_s, sims_e = _with_prior(sims_s, inv_s, prior), _with_prior(sims_e, inv_e, prior)
+    score, _, _ = S.span_scores(inv_s, inv_e, sims_s, sims_e, tau=tau, scoring=scoring)
     return score, len(us), len(ue)
 
 
@@ -185,17 +225,22 @@ def token_sims(snap: Any, found: list[Candidates]) -> Occurrences:
 
 @dataclass(frozen=True)
 class ScoreTokens(Operator):
-    """Token mode: exact ``sim(q, c)`` for every candidate token, softmax over them."""
+    """Token mode: exact ``sim(q, c)`` for every candidate token, softmax over them
+    (``prior``: as :class:`ScoreSpans`')."""
 
     tau: float
     children: tuple = ()
+    prior: float = 0.0
 
     def detail(self) -> str:
-        return _fmt(tau=self.tau)
+        return _fmt(tau=self.tau) + (f", bm25_prior={self.prior:g}" if self.prior else "")
 
     def run(self, st: ExecState) -> Occurrences:
         occ = token_sims(st.snapshot, st.inputs(self, Candidates))
-        return replace(occ, score=S.softmax(occ.sim_s, self.tau))
+        sims = occ.sim_s
+        if self.prior:
+            sims = sims + self.prior * block_prior(st, self, occ.seg, occ.s)
+        return replace(occ, score=S.softmax(sims, self.tau))
 
 
 # -- aggregation ----------------------------------------------------------------------------

@@ -392,11 +392,13 @@ class _Binder:
         method = opts.get("retrieval", "dense")
         node = Retrieve(self.source, text, method, o["mode"], o["k"], o["blocks"], o["exact"],
                         version, bm25_title=o["bm25_title"], bm25_question=o["bm25_question"])
+        # the block prior weighs BM25 blocks: none in dense retrieval or classification
+        prior = float(o["bm25_prior"]) if not classify and method in ("bm25", "hybrid") else 0.0
         if o["mode"] == "phrase":
             node = Assemble(o["max_len"], o["clean_edges"], o.get("no_stopwords", False), node)
-            node = Score(o["tau"], o.get("scoring", "npm"), node)
+            node = Score(o["tau"], o.get("scoring", "npm"), node, prior)
         else:
-            node = Score(o["tau"], "softmax", node)
+            node = Score(o["tau"], "softmax", node, prior)
         if classify:
             node = Classify(labels, o["tau"], node, o["calibrate"])
         else:
@@ -451,7 +453,7 @@ _USING_ARGS = {
 # WITH options per source.
 _MASKED_OPTS = ("mode", "k", "blocks", "max_len", "tau", "alpha", "exact", "scoring",
                 "clean_edges", "no_stopwords", "evidence", "bm25_title", "bm25_question",
-                "not_in_query", "no_query_words")
+                "bm25_prior", "not_in_query", "no_query_words")
 _WITH_OPTIONS = {
     "MASKED": _MASKED_OPTS, "TOKENS": _MASKED_OPTS, "EVIDENCE": _MASKED_OPTS,
     "CLASSIFY": ("mode", "k", "blocks", "max_len", "tau", "exact", "clean_edges", "evidence",
@@ -466,7 +468,8 @@ _CLAUSE_FOR = {"top": "LIMIT", "limit": "LIMIT", "offset": "OFFSET", "version": 
 _OPTION_TYPES: dict[str, tuple] = {
     "k": ("int", "an integer"), "blocks": ("int", "an integer"), "max_len": ("int", "an integer"),
     "evidence": ("int", "an integer"), "tau": ("number", "a number"),
-    "alpha": ("number", "a number"), "exact": ("bool", "TRUE or FALSE"),
+    "alpha": ("number", "a number"), "bm25_prior": ("number", "a number"),
+    "exact": ("bool", "TRUE or FALSE"),
     "clean_edges": ("bool", "TRUE or FALSE"), "no_stopwords": ("bool", "TRUE or FALSE"),
     "bm25_title": ("bool", "TRUE or FALSE"), "bm25_question": ("bool", "TRUE or FALSE"),
     "not_in_query": ("bool", "TRUE or FALSE"), "no_query_words": ("bool", "TRUE or FALSE"),

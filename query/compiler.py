@@ -519,6 +519,8 @@ def _compile_answers(plan, nodes, columns, fns, doc_filter, text) -> Compiled:
             kw["tau"] = n.tau
             if n.scoring != "softmax" and leaf.source != "CLASSIFY":
                 kw["scoring"] = n.scoring
+            if leaf.source != "CLASSIFY":
+                kw["bm25_prior"] = n.prior
         elif isinstance(n, L.Aggregate):
             kw.update(group_by=n.group_by, alpha=n.alpha, not_in_query=n.not_in_query,
                       no_query_words=n.no_query_words)

@@ -41,7 +41,7 @@ from npmdb.storage.bm25 import bm25_idf, term_counts
 
 from . import scoring as S
 from .answers import (
-    Aggregate, Located, ScoreSpans, ScoreTokens, Surfaces, locate_in,
+    Aggregate, Located, ScoreSpans, ScoreTokens, Surfaces, block_prior, locate_in,
     scores_from_sims, span_sims, token_sims, widen_to_words,
 )
 from .operators import (
@@ -244,15 +244,17 @@ class Exchange(Operator):
                for name in ("seg", "s", "e", "sim_s", "sim_e", "docs")}
         keys_all = [k for p in parts for k in p["keys"]]
         keys = [keys_all[i] for i in order.tolist()]
+        prior = np.concatenate([p.get("prior", np.zeros(len(p["s"]))) for p in parts]
+                               )[order] if sub.prior and parts else None
         q = next(iter(qv.values())).vectors if qv else None
         occ = Occurrences(cat["seg"], cat["s"], cat["e"], q, sim_s=cat["sim_s"],
                           sim_e=cat["sim_e"])
         if isinstance(sub, ScoreSpans):
-            score, n_s, n_e = scores_from_sims(occ, sub.tau, sub.scoring)
+            score, n_s, n_e = scores_from_sims(occ, sub.tau, sub.scoring, prior)
             st.info["unique_starts"], st.info["unique_ends"] = n_s, n_e
         else:
             assert isinstance(sub, ScoreTokens)
-            score = S.softmax(occ.sim_s, sub.tau)
+            score = S.softmax(occ.sim_s if prior is None else occ.sim_s + prior, sub.tau)
         surfaces = ShardSurfaces(self.shards, ctx, owned, occ.seg, occ.s, occ.e, keys,
                                  cat["docs"], widened=self.group_by == "word")
         return replace(occ, score=score, surfaces=surfaces)
@@ -467,6 +469,8 @@ class ShardWork:
             occ, _ = span_sims(self.snap, st.input(sub, Occurrences))
         else:
             occ = token_sims(self.snap, st.inputs(sub, Candidates))
+        # the block prior before widening: an occurrence's block is where it was found
+        prior = sub.prior * block_prior(st, sub, occ.seg, occ.s) if sub.prior else None
         if group_by == "word":
             occ = widen_to_words(self.snap, occ)
         sf = Surfaces(self.snap, occ.seg, occ.s, occ.e)
@@ -478,7 +482,8 @@ class ShardWork:
         return {"seg": seg, "s": occ.s, "e": occ.e, "sim_s": np.asarray(occ.sim_s, np.float64),
                 "sim_e": np.asarray(occ.sim_e if len(occ.sim_e) else np.zeros(len(occ.s)),
                                     np.float64),
-                "docs": np.asarray(sf.docs, np.int64), "keys": keys, "ms": ms}
+                "docs": np.asarray(sf.docs, np.int64), "keys": keys, "ms": ms,
+                **({"prior": prior} if prior is not None else {})}
 
     def locate(self, items: list[tuple[int, int, int]]) -> list[Located]:
         return locate_in(self.snap, [(self.local[si], s, e) for si, s, e in items])
@@ -496,4 +501,4 @@ class ShardWork:
         return [self.snap.doc(self.local[si], local).id for si, local in docs]
 
     def block_rows(self, hits: list[tuple[int, int, float]]) -> list[dict]:
-        return block_rows(self.snap, [(self.local[si], b, sc) for si, b, sc in hits])
+        return block_rows(self.snap, [(self.local[si], b, sc) for si, b, sc, *_ in hits])

@@ -136,9 +136,11 @@ class Score(Node):
     tau: float
     scoring: str  # npm | raw | softmax (token mode)
     child: Node
+    prior: float = 0.0  # bm25_prior: the weight of each block's BM25 text score
 
     def detail(self) -> str:
-        return f"{self.scoring}, tau={self.tau}"
+        return f"{self.scoring}, tau={self.tau}" + \
+            (f", bm25_prior={self.prior:g}" if self.prior else "")
 
 
 @dataclass(frozen=True)

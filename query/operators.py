@@ -113,7 +113,9 @@ class Candidates(Output):
 
 @dataclass(frozen=True)
 class BlockHits(Output):
-    """Retrieved blocks, best first: (segment index, block, BM25 score)."""
+    """Retrieved blocks, best first: (segment index, block, BM25 score), and when the
+    retrieval was asked for it (``BM25Blocks.text_scores``) a fourth item, the block's
+    BM25 score on its text alone (the span scorers' block prior)."""
 
     hits: tuple[tuple[int, int, float], ...]
     # rows of these blocks when the snapshot does not hold them (the shards that do)
@@ -516,10 +518,12 @@ class BM25Blocks(Operator):
     docs: str = ""  # the document filter, for EXPLAIN (the snapshot applies it)
     title: bool = False     # match the document title too (NPM's blocks carried it)
     question: bool = False  # search only the question before the mask (up to its "?")
+    text_scores: bool = False  # each hit also carries its BM25 score on the text alone
 
     def detail(self) -> str:
         return (_fmt(blocks=self.n) + (", fields: text+title" if self.title else "")
                 + (", question only" if self.question else "")
+                + (", text scores" if self.text_scores else "")
                 + (f", docs: {self.docs}" if self.docs else ""))
 
     @property
@@ -555,9 +559,16 @@ class BM25Blocks(Operator):
             docs = None if allowed[si] is None else np.flatnonzero(allowed[si])
             if docs is not None and len(docs) == 0:
                 return []
-            return [(si, block, score) for block, _doc, score in
-                    snap.segments[si].bm25().search(terms, limits[si], docs=docs, idf=idf,
-                                                    fields=self.fields)]
+            bm25 = snap.segments[si].bm25()
+            hits = [(si, block, score) for block, _doc, score in
+                    bm25.search(terms, limits[si], docs=docs, idf=idf, fields=self.fields)]
+            if not self.text_scores:
+                return hits
+            if self.fields == ("text",):
+                return [(*h, h[2]) for h in hits]
+            text = bm25.block_scores(terms, [h[1] for h in hits], fields=("text",),
+                                     idf=None if idf is None else {"text": idf["text"]})
+            return [(*h, text.get(h[1], 0.0)) for h in hits]
 
         return [h for part in per_segment(one, len(snap.segments)) for h in part]
 
@@ -578,7 +589,7 @@ class BlockTokens(Operator):
         sides = ("token",) if self.mode == "token" else ("start", "end")
         found: dict[str, dict[int, np.ndarray]] = {side: {} for side in sides}
         for hits in st.inputs(self, BlockHits):
-            for si, block, _ in hits.hits:
+            for si, block, *_ in hits.hits:
                 cols = st.snapshot.columns(si)
                 pos = np.arange(cols.block_ptr[block], cols.block_ptr[block + 1], dtype=np.int64)
                 for side in sides:

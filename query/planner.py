@@ -54,23 +54,33 @@ def _retrieval(spec, sides: tuple[str, ...], any_word: bool) -> Operator:
     lexical: list[Operator] = []
     if spec.retrieval in ("bm25", "hybrid"):
         bm25 = BM25Blocks(spec.blocks, docs=docs, title=spec.bm25_title,
-                          question=spec.bm25_question)
+                          question=spec.bm25_question, text_scores=_prior(spec) > 0)
         lexical = [BlockTokens(spec.mode, children=(bm25,), any_word=any_word)]
         if not dense:
             lexical = [BlockTokens(spec.mode, children=(bm25, enc), any_word=any_word)]
     return tuple(dense + lexical)  # type: ignore[return-value]
 
 
+def _prior(spec) -> float:
+    """The block prior's weight: a masked query's ``bm25_prior`` where BM25 retrieves
+    blocks (dense retrieval has none; classify keeps NPM's label scores)."""
+    if spec.retrieval == "dense":
+        return 0.0
+    return float(getattr(spec, "bm25_prior", 0.0))
+
+
 def _candidates(spec) -> Operator:
     any_word = stopword_labels(spec)
+    prior = _prior(spec)
     if spec.mode == "phrase":
         # label words are matched by their text, so a classify span may start or end on
         # any word when a label needs it
         return ScoreSpans(getattr(spec, "tau", 1.0), getattr(spec, "scoring", "npm"), children=(
             AssembleSpans(spec.max_len, spec.clean_edges and not any_word,
                           getattr(spec, "no_stopwords", False),
-                          children=_retrieval(spec, ("start", "end"), any_word)),))
-    return ScoreTokens(spec.tau, children=_retrieval(spec, ("token",), any_word))
+                          children=_retrieval(spec, ("start", "end"), any_word)),),
+            prior=prior)
+    return ScoreTokens(spec.tau, children=_retrieval(spec, ("token",), any_word), prior=prior)
 
 
 def _wrap(op: Operator, tail: Sequence[Operator]) -> Operator:

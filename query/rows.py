@@ -90,7 +90,7 @@ def block_rows(snap: Any, hits: Any) -> list[dict]:
     """One row per ``(segment, block, score)`` hit: the block's text, snippet and document
     (the columns a SEARCH row has, less the version's)."""
     rows = []
-    for si, block, score in hits:
+    for si, block, score, *_ in hits:
         cols = snap.columns(si)
         doc = snap.doc(si, int(cols.block_doc[block]))
         a = int(cols.offsets[cols.block_ptr[block], 0])

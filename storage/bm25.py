@@ -129,6 +129,25 @@ class BM25Index:
         dids = self.searcher.fast_field_values("doc", addrs)
         return [(int(b), int(d), float(s)) for (s, _), b, d in zip(res.hits, blocks, dids)]
 
+    def block_scores(self, terms: Sequence[str], blocks: Sequence[int], *,
+                     idf: Mapping[str, Sequence[float]] | Sequence[float] | None = None,
+                     fields: Sequence[str] = ("text",)) -> dict[int, float]:
+        """The BM25 score over ``fields`` of each of ``blocks`` for ``terms`` (statistics
+        as :meth:`query`'s); a block that matches no term is absent."""
+        blocks = [int(b) for b in blocks]
+        if not terms or not blocks:
+            return {}
+        only = tantivy.Query.const_score_query(
+            tantivy.Query.term_set_query(self.schema, "block", blocks), 0.0)
+        q = tantivy.Query.boolean_query([(tantivy.Occur.Must, self.query(terms, idf=idf,
+                                                                         fields=fields)),
+                                         (tantivy.Occur.Must, only)])
+        res = self.searcher.search(q, limit=len(blocks), count=False)
+        if not res.hits:
+            return {}
+        got = self.searcher.fast_field_values("block", [a for _, a in res.hits])
+        return {int(b): float(sc) for (sc, _), b in zip(res.hits, got)}
+
     @property
     def num_docs(self) -> int:
         return self.searcher.num_docs

@@ -242,16 +242,18 @@ def test_bm25_text_cuts_a_question_at_its_question_mark():
     assert bm25_text("Maiduguri is in [MASK].", question=True) == "Maiduguri is in  ."
 
 
+def _add(db, docs, split: bool) -> None:
+    """``docs`` as one segment, or (``split``) as two: BM25 then uses global IDFs."""
+    for part in ((docs[:2], docs[2:]) if split else (docs,)):
+        db.add(part)
+
+
 @pytest.mark.parametrize("split", [False, True])   # one segment / global IDFs over two
 def test_bm25_title_and_question_options(tmp_path, tiny_encoder, split):
     import npmdb
 
     with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:
-        if split:
-            db.add(TITLED[:2])
-            db.add(TITLED[2:])
-        else:
-            db.add(TITLED)
+        _add(db, TITLED, split)
 
         def docs(q, **kw):
             res = db.fill_mask(q, retrieval="bm25", blocks=1, top=100, evidence=100, **kw)
@@ -295,6 +297,85 @@ def test_sql_with_bm25_options_runs_as_fill_mask(tmp_path, tiny_encoder):
         assert "bm25_title=false, bm25_question=true" in plan and "question only" in plan
         with pytest.raises(npmdb.ProgrammingError, match="bm25_title"):
             db.sql("SELECT * FROM MASKED(?) WITH bm25_title = 3", [q])
+
+
+# "Madrid in Russian is [MASK]." finds the gloss of "Russian" by its title alone; the pair's
+# document and Madrid's gloss match in their text.
+PAIRS = [
+    {"id": "ru", "title": "Russian", "text": "a native or inhabitant of Russia; the Slavic "
+                                             "language of Russia and its neighbours"},
+    {"id": "pair", "title": "Мадрид", "text": "Мадрид: Madrid"},
+    {"id": "mad", "title": "Madrid", "text": "Madrid: the capital and largest city of Spain"},
+    {"id": "far", "title": "Lima", "text": "Lima: the capital of Peru, a city of the coast"},
+]
+
+
+def _prior_answers(db, q, **kw):
+    return db.fill_mask(q, retrieval="bm25", blocks=3, top=100, evidence=100, **kw)
+
+
+@pytest.mark.parametrize("split", [False, True])   # one segment / global IDFs over two
+def test_bm25_prior_weighs_each_block_by_its_text_score(tmp_path, tiny_encoder, split):
+    import npmdb
+
+    q = "Madrid in Russian is [MASK]."
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:
+        _add(db, PAIRS, split)
+        text = {h["doc_id"]: h["score"] for h in db.search("Madrid Russian", limit=4)}
+        assert "ru" not in text and text["pair"] > text["mad"] > 0  # the title-only match
+        npm = _prior_answers(db, q, bm25_prior=0)
+        assert "text scores" not in npm.plan and "bm25_prior" not in npm.plan
+        res = _prior_answers(db, q)                                      # the default
+        assert "BM25Blocks (blocks=3, fields: text+title, text scores)" in res.plan
+        assert "bm25_prior=0.5" in res.plan
+
+        def mass(r):  # each document's share of the answers' scores
+            got: dict[str, float] = {}
+            for a in r:
+                for e in a.evidence:
+                    got[e.doc_id] = got.get(e.doc_id, 0.0) + e.score
+            return got
+
+        m0, m = mass(npm), mass(res)
+        assert set(m0) == set(m) == {"ru", "pair", "mad"}   # the same three blocks
+        # the title-only block loses mass and the best text match gains
+        assert m["ru"] < m0["ru"] and m["pair"] / m["mad"] > m0["pair"] / m0["mad"]
+        big = mass(_prior_answers(db, q, bm25_prior=100))
+        assert big["pair"] > 0.99 * sum(big.values())
+        assert db.fill_mask(q, retrieval="bm25", bm25_prior=100).top.text == "Мадрид"
+        # dense retrieval has no blocks: the option changes nothing there
+        dense = [(a.text, a.score) for a in db.fill_mask(q, top=10)]
+        assert dense == [(a.text, a.score) for a in db.fill_mask(q, top=10, bm25_prior=7)]
+        for bad, match in ((-1, "bm25_prior must be a finite number in"),
+                           (float("nan"), "bm25_prior must be a finite number in"),
+                           ("0.5", "bm25_prior must be a number"),
+                           (True, "bm25_prior must be a number")):
+            with pytest.raises(npmdb.ProgrammingError, match=match):
+                db.fill_mask(q, retrieval="bm25", bm25_prior=bad)
+        with pytest.raises(npmdb.ProgrammingError, match="bm25_prior"):
+            db.classify(q, {"a": ["x"]}, retrieval="bm25", bm25_prior=1.0)
+
+
+def test_sql_with_bm25_prior_runs_as_fill_mask(tmp_path, tiny_encoder):
+    import npmdb
+
+    q = "Madrid in Russian is [MASK]."
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:
+        db.add(PAIRS)
+        for w in (0, 0.5, 3):
+            res = db.sql(f"SELECT phrase, score FROM MASKED(?) USING bm25 WITH bm25_prior = {w} "
+                         "LIMIT 20", [q])
+            want = db.fill_mask(q, retrieval="bm25", top=20, bm25_prior=w)
+            assert [(r[0], r[1]) for r in res.rows] == [(a.text, a.score) for a in want]
+        plan = db.sql("EXPLAIN SELECT * FROM MASKED(?) USING hybrid WITH bm25_prior = 2",
+                      [q]).plan
+        assert "Score (npm, tau=1.0, bm25_prior=2)" in plan and "text scores" in plan
+        plan = db.sql("EXPLAIN SELECT * FROM MASKED(?) WITH bm25_prior = 2", [q]).plan
+        assert "bm25_prior" not in plan                     # dense: no blocks to weigh
+        with pytest.raises(npmdb.ProgrammingError, match="bm25_prior"):
+            db.sql("SELECT * FROM MASKED(?) WITH bm25_prior = 'high'", [q])
+        with pytest.raises(npmdb.ProgrammingError, match="bm25_prior"):
+            db.sql("SELECT * FROM CLASSIFY(?, LABELS(a = 'x')) WITH bm25_prior = 1", [q])
 
 
 def test_no_query_words_drops_answers_that_copy_a_word_of_the_query(tmp_path, tiny_encoder):

@@ -22,7 +22,7 @@ RETRIEVALS = [dict(retrieval="dense"), dict(retrieval="dense", exact=True),
               dict(retrieval="bm25"), dict(retrieval="hybrid", k=256),
               dict(retrieval="dense", mode="token"),
               dict(retrieval="dense", mode="token", group_by="word"),
-              dict(retrieval="bm25", group_by="document"),
+              dict(retrieval="bm25", group_by="document"), dict(retrieval="bm25", mode="token"),
               dict(retrieval="dense", group_by="tokens", k=128)]
 LABELS = {"positive": ["great", "good"], "negative": ["terrible", "bad"]}
 

@@ -49,6 +49,9 @@ def schema(settings: Settings) -> dict[str, Any]:
         "no_query_words": {"type": "boolean", "default": True},
         "bm25_title": {"type": "boolean", "default": True},
         "bm25_question": {"type": "boolean", "default": False},
+        "bm25_prior": {"type": "number", "default": 0.5, "minimum": 0, "maximum": 100,
+                       "description": "weight of each BM25 block's text score in the span "
+                                      "scores (0: NPM's scores)"},
         "evidence": {"type": "integer", "maximum": s.max_evidence},
         "offset": {"type": "integer"},
         "version": {"type": ["integer", "string"], "description": "AS OF: id or tag"},
@@ -70,7 +73,7 @@ def schema(settings: Settings) -> dict[str, Any]:
             **{k: v for k, v in options.items() if k not in ("top", "alpha", "scoring",
                                                              "group_by", "no_stopwords",
                                                              "not_in_query", "no_query_words",
-                                                             "offset")}}},
+                                                             "bm25_prior", "offset")}}},
         "Evidence": {"type": "object", "properties": {
             "doc_id": {"type": "string"}, "title": {"type": "string"},
             "start": {"type": "integer"}, "end": {"type": "integer"},
