@@ -300,7 +300,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "unless --preset sets them)")
     tr.add_argument("--batch-blocks", type=int, default=None, help="blocks per batch (16)")
     tr.add_argument("--lr", type=float, default=None, help="peak learning rate (3e-5)")
-    tr.add_argument("--objective", default="phrase", choices=("phrase", "token"))
+    tr.add_argument("--objective", default="phrase", choices=("phrase", "token", "mixed"),
+                    help="NPM's span objective, NPM SINGLE's token one, or each batch either")
     tr.add_argument("--refresh-every", type=int, default=None,
                     help="write a refreshed version every N steps (0: only at the end)")
     tr.add_argument("--resume", action="store_true", help="continue the saved run")

@@ -6,6 +6,7 @@ Every test trains a tiny random encoder on a *copy* of the shared tiny database.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import shutil
 import threading
 from pathlib import Path
@@ -348,6 +349,59 @@ def test_token_objective(db_copy):
     assert r.generation == report.head_generation
 
 
+def test_batch_objective_mixes_both_and_is_deterministic():
+    from npmdb.train.step import batch_objective
+
+    draws = [batch_objective("mixed", np.random.default_rng([7, i])) for i in range(200)]
+    assert 60 < draws.count("token") < 140 and set(draws) == {"phrase", "token"}
+    again = [batch_objective("mixed", np.random.default_rng([7, i])) for i in range(200)]
+    assert draws == again  # a batch's generator decides: a resumed run draws the same
+    assert batch_objective("phrase", np.random.default_rng(0)) == "phrase"
+    assert batch_objective("token", np.random.default_rng(0)) == "token"
+
+
+def test_mixed_objective_trains_both_kinds_of_batch(db_copy):
+    report = npmdb.train(db_copy, steps=6, batch_blocks=6, objective="mixed", seed=3,
+                         progress=False)
+    assert report.objective == "mixed" and np.isfinite(report.final_loss)
+    assert report.config["objective"] == "mixed"
+    # the query paths of both objectives answer from the refreshed generation
+    for mode in ("phrase", "token"):
+        assert db_copy.fill_mask("Lemnos is in [MASK].", mode=mode).generation == \
+            report.head_generation
+
+
+def test_span_length_p_sets_span_lengths_and_is_saved(db_copy):
+    from npmdb.train.state import resolve_config
+    from npmdb.train.step import draw_batch
+
+    blocks = load_blocks(db_copy)
+
+    def mean_len(p: float) -> float:
+        cfg = dataclasses.replace(_config(), span_length_p=p)
+        sampler = BatchSampler(blocks, batch_blocks=8, group_size=4, seed=0)
+        lens = []
+        for i in range(12):
+            mb, _ = draw_batch(sampler, np.random.default_rng([1, i]), cfg, db_copy.encoder)
+            lens += mb.span_len.tolist()
+        return float(np.mean(lens))
+
+    def _config():
+        return resolve_config(dict(
+            steps=1, batch_blocks=8, lr=None, group_size=None, warmup=None,
+            weight_decay=None, max_grad_norm=None, mask_ratio=None, target_grad=None,
+            freeze_embeddings=None, exclude_repeats=None, context_negatives=None,
+            refresh_every=None, objective="phrase", seed=0, grouping="neighbours",
+            clean_edges=True, max_span_len=10, span_unit="token", grad_cache=False,
+            chunk_tokens=4096, loss_chunk=None, threads=None, tag_prefix="t",
+            log_every=0), preset=None, saved=None)
+
+    assert _config().span_length_p == 0.5  # NPM's
+    assert mean_len(0.2) > mean_len(1.0) == 1.0  # p = 1: every span one token
+    report = npmdb.train(db_copy, steps=2, batch_blocks=6, span_length_p=0.2, progress=False)
+    assert np.isfinite(report.final_loss) and report.config["span_length_p"] == 0.2
+
+
 def test_word_span_unit_trains_and_is_saved(db_copy):
     report = npmdb.train(db_copy, steps=2, batch_blocks=6, span_unit="word", progress=False)
     assert np.isfinite(report.final_loss) and report.spans_per_batch > 0
@@ -392,6 +446,8 @@ def test_cli_train(db_copy, capsys):
     ({"steps": 2, "grouping": "topics"}, "grouping must be one of"),
     ({"steps": 2, "context_negatives": True}, "needs exclude_repeats"),
     ({"steps": 2, "span_unit": "char"}, "span_unit must be one of"),
+    ({"steps": 2, "span_length_p": 0}, "span_length_p must be in"),
+    ({"steps": 2, "span_length_p": 1.5}, "span_length_p must be in"),
     ({"steps": 2, "max_seconds": 0}, "max_seconds must be a positive"),
     ({"steps": 2, "max_seconds": -3.0}, "max_seconds must be a positive"),
     ({"steps": 2, "max_seconds": "60"}, "max_seconds must be a positive"),

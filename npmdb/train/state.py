@@ -38,7 +38,7 @@ __all__ = ["PRESETS", "STATE_DIR", "TrainConfig", "Checkpoint", "resolve_config"
 
 STATE_DIR = "train"
 STATE_FORMAT = 1
-OBJECTIVES = ("phrase", "token")
+OBJECTIVES = ("phrase", "token", "mixed")
 
 # Hyperparameters a preset may set; explicit keyword arguments always win.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -90,6 +90,7 @@ class TrainConfig:
     preset: str | None
     start_step: int = 0  # the saved run's step when resuming
     span_unit: str = "token"  # masking: span lengths and budget in tokens (NPM) or words
+    span_length_p: float = 0.5  # masking: span lengths ~ Geometric(p), clipped (NPM: 0.5)
 
     @property
     def warmup_steps(self) -> int:
@@ -104,7 +105,7 @@ class TrainConfig:
                     max_grad_norm=self.max_grad_norm, mask_ratio=self.mask_ratio,
                     grouping=self.grouping, clean_edges=self.clean_edges,
                     max_span_len=self.max_span_len, span_unit=self.span_unit,
-                    target_grad=self.target_grad,
+                    span_length_p=self.span_length_p, target_grad=self.target_grad,
                     freeze_embeddings=self.freeze_embeddings,
                     exclude_repeats=self.exclude_repeats,
                     context_negatives=self.context_negatives,
@@ -138,7 +139,7 @@ def resolve_config(args: Mapping[str, Any], *, preset: str | None,
 
     Precedence: ``PRESETS["default"]`` < ``PRESETS[preset]`` or the saved run's
     hyperparameters < explicit arguments (on resume only ``steps`` and ``refresh_every``;
-    the saved objective, seed, grouping, clean_edges and max_span_len are kept).
+    the saved objective, seed, grouping, clean_edges and span settings are kept).
     """
     hp: dict[str, Any] = dict(PRESETS["default"])
     hp["steps"] = None
@@ -167,20 +168,24 @@ def resolve_config(args: Mapping[str, Any], *, preset: str | None,
     objective, seed, grouping = args["objective"], args["seed"], args["grouping"]
     clean_edges, max_span_len = args["clean_edges"], args["max_span_len"]
     span_unit = args.get("span_unit", "token")
+    span_length_p = args.get("span_length_p", 0.5)
     if s is not None:
         objective, seed = s["objective"], int(s["seed"])
         grouping, clean_edges = s["hyper"]["grouping"], bool(s["hyper"]["clean_edges"])
         max_span_len = int(s["hyper"]["max_span_len"])
         span_unit = s["hyper"].get("span_unit", "token")  # runs saved before the option
+        span_length_p = s["hyper"].get("span_length_p", 0.5)  # ditto
     if span_unit not in SPAN_UNITS:
         raise ProgrammingError(f"span_unit must be one of {SPAN_UNITS}, got {span_unit!r}")
     if objective not in OBJECTIVES:
-        raise ProgrammingError(f"unknown objective {objective!r}: use 'phrase' or 'token'")
+        raise ProgrammingError(f"unknown objective {objective!r}: use 'phrase', 'token' or "
+                               "'mixed'")
     if grouping not in GROUPINGS:
         raise ProgrammingError(f"grouping must be one of {GROUPINGS}, got {grouping!r}")
     refresh_every = _check_int("refresh_every", hp["refresh_every"], 0)
     seed = _check_int("seed", seed, 0)
     max_span_len = _check_int("max_span_len", max_span_len, 1)
+    span_length_p = _check_float("span_length_p", span_length_p, 0.0, 1.0, lo_open=True)
     chunk_tokens = _check_int("chunk_tokens", args["chunk_tokens"], 1)
     log_every = _check_int("log_every", args["log_every"], 0)
     loss_chunk, threads = args["loss_chunk"], args["threads"]
@@ -203,7 +208,7 @@ def resolve_config(args: Mapping[str, Any], *, preset: str | None,
         clean_edges=clean_edges, max_span_len=max_span_len, grad_cache=args["grad_cache"],
         chunk_tokens=chunk_tokens, loss_chunk=loss_chunk, threads=threads,
         tag_prefix=args["tag_prefix"], log_every=log_every, preset=preset,
-        start_step=start_step, span_unit=span_unit)
+        start_step=start_step, span_unit=span_unit, span_length_p=span_length_p)
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:

@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .loss import LossStats
     from .masking import MaskedBatch
 
-__all__ = ["Stepper", "draw_batch", "seed_step", "batch_rng", "backward", "context_loss"]
+__all__ = ["Stepper", "draw_batch", "batch_objective", "seed_step", "batch_rng", "backward", "context_loss"]
 
 
 def seed_step(seed: int, step: int) -> None:
@@ -52,6 +52,15 @@ def batch_rng(seed: int, step: int) -> np.random.Generator:
     return np.random.default_rng([seed, step, 0xB47C])
 
 
+def batch_objective(objective: str, rng: np.random.Generator) -> str:
+    """The objective of one batch: ``objective`` itself, or for ``"mixed"`` phrase or
+    token with even odds (drawn from the batch's own generator, so a resumed run draws
+    the same)."""
+    if objective != "mixed":
+        return objective
+    return "token" if rng.random() < 0.5 else "phrase"
+
+
 def draw_batch(sampler: "BatchSampler", rng: np.random.Generator, cfg: TrainConfig,
                encoder: "Encoder", *, attempts: int = 8) -> tuple["MaskedBatch", int]:
     """A masked batch, and how many draws had nothing to mask (up to ``attempts`` draws)."""
@@ -62,13 +71,14 @@ def draw_batch(sampler: "BatchSampler", rng: np.random.Generator, cfg: TrainConf
     special = dict(mask_id=encoder.mask_id, cls_id=encoder.cls_id, sep_id=encoder.sep_id,
                    pad_id=encoder.pad_id, rng=rng, mask_ratio=cfg.mask_ratio,
                    max_length=encoder.max_positions)
+    objective = batch_objective(cfg.objective, rng)
     for _attempt in range(attempts):
         blocks = sampler.next_batch(rng)
         toks, ws, we, docs = sampler.arrays(blocks, clean_edges=cfg.clean_edges,
                                             exclude_repeats=cfg.exclude_repeats)
-        if cfg.objective == "phrase":
+        if objective == "phrase":
             mb = mask_spans(toks, ws, we, docs, max_span_len=cfg.max_span_len,
-                            span_unit=cfg.span_unit,
+                            span_unit=cfg.span_unit, geometric_p=cfg.span_length_p,
                             boundary_positives=not cfg.exclude_repeats, **special)
         else:
             mb = mask_tokens(toks, ws, we, docs, whole_words=cfg.clean_edges, **special)
@@ -118,7 +128,7 @@ class Stepper:
 
         cfg = self.cfg
         self.optimizer.zero_grad(set_to_none=True)
-        stats = backward(self.rows, mb.to(self.device), cfg.objective, grad_cache=cfg.grad_cache,
+        stats = backward(self.rows, mb.to(self.device), mb.mode, grad_cache=cfg.grad_cache,
                          loss_chunk=cfg.loss_chunk, target_grad=cfg.target_grad,
                          context_negatives=cfg.context_negatives)
         if cfg.max_grad_norm > 0:

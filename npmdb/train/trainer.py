@@ -66,6 +66,7 @@ def train(
     mask_ratio: float | None = None,
     max_span_len: int = 10,
     span_unit: str = "token",
+    span_length_p: float = 0.5,
     clean_edges: bool = True,
     grad_cache: bool = False,
     target_grad: bool | None = None,
@@ -93,8 +94,9 @@ def train(
             tokens of the batch's other blocks. Default 16.
         lr: peak AdamW learning rate (linear warm-up over ``warmup`` of the steps, then
             linear decay to 0). Default 3e-5.
-        objective: ``"phrase"`` (NPM: span masking, start and end losses) or ``"token"``
-            (NPM SINGLE: single tokens, one mask each).
+        objective: ``"phrase"`` (NPM: span masking, start and end losses), ``"token"``
+            (NPM SINGLE: single tokens, one mask each) or ``"mixed"`` (each batch one or
+            the other, with even odds).
         refresh_every: every this many steps, write an embedding generation from a copy of
             the parameters in the background (tag ``train-step-N``) while training
             continues; 0: only at the end. A final generation is always written and
@@ -118,6 +120,9 @@ def train(
             words, at least one word per block of two or more (see
             :func:`npmdb.train.masking.mask_spans`), so a word the tokenizer cuts into
             many pieces, or one in a short block, can be a target.
+        span_length_p: span lengths are drawn from ``Geometric(span_length_p)``, clipped
+            at ``max_span_len`` (NPM: 0.5, a mean near 2; SpanBERT's 0.2 gives longer
+            spans).
         clean_edges: mask only spans whose edges are valid phrase edges (no stopword or
             punctuation at either end) — the spans retrieval can return; False: any
             word-aligned span, as in NPM.
@@ -183,6 +188,7 @@ def train(
         exclude_repeats=exclude_repeats, context_negatives=context_negatives,
         refresh_every=refresh_every, objective=objective, seed=seed, grouping=grouping,
         clean_edges=clean_edges, max_span_len=max_span_len, span_unit=span_unit,
+        span_length_p=span_length_p,
         grad_cache=grad_cache, chunk_tokens=chunk_tokens, loss_chunk=loss_chunk, threads=threads,
         tag_prefix=tag_prefix, log_every=log_every), preset=preset, saved=saved)
     if progress is None:
