@@ -1,7 +1,8 @@
-"""Cloze EM over a grid of query options (tau, k, blocks, alpha) on one database.
+"""Cloze EM over a grid of query options (tau, k, blocks, alpha, bm25_prior) on one database.
 
-The defaults follow NPM (tau 1.0, k 1024, 3 BM25 blocks, alpha 0); this shows what other
-settings give on a given database and encoder, e.g. after training:
+The defaults (tau 1.0, k 1024, 3 BM25 blocks, alpha 0, bm25_prior 0.5) mostly follow NPM;
+this shows what other settings give on a given database and encoder, e.g. after training
+(the block prior's best weight depends on the scale of the encoder's similarities):
 
     python -m bench.tune --db demo.npmdb            # dev-small cloze, micro EM
 """
@@ -22,6 +23,7 @@ GRID = (
     {"retrieval": "bm25"}, {"retrieval": "bm25", "tau": 0.5}, {"retrieval": "bm25", "tau": 2.0},
     {"retrieval": "bm25", "blocks": 1}, {"retrieval": "bm25", "blocks": 5},
     {"retrieval": "bm25", "alpha": 0.5},
+    {"retrieval": "bm25", "bm25_prior": 0.0}, {"retrieval": "bm25", "bm25_prior": 1.0},
 )
 
 
