@@ -144,8 +144,8 @@ def block_prior(st: ExecState, op: Operator, seg: np.ndarray, pos: np.ndarray) -
     text = {(h[0], h[1]): h[3] for h in hits.hits if len(h) > 3}
     for si in np.unique(seg).tolist():
         m = seg == si
-        blocks = st.snapshot.columns(si).block_of(pos[m])
-        out[m] = [text.get((si, int(b)), 0.0) for b in blocks.tolist()]
+        blocks, inv = np.unique(st.snapshot.columns(si).block_of(pos[m]), return_inverse=True)
+        out[m] = np.array([text.get((si, b), 0.0) for b in blocks.tolist()])[inv]
     return out
 
 
