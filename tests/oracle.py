@@ -10,7 +10,9 @@ fill-mask and classification queries by exhaustive numpy computation:
 * phrases: forward from each candidate start and backward from each candidate end, up to
   ``max_len`` tokens, inside one block, from a valid start to a valid end;
 * scores: ``P_s = softmax(sim_s/tau)`` over the set S of all candidate spans' starts,
-  ``P_e`` likewise over E, span score ``P_s[s] + P_e[e]``;
+  ``P_e`` likewise over E, span score ``P_s[s] + P_e[e]``; with ``bm25_prior`` each
+  candidate of a retrieved BM25 block first gains that weight times the block's BM25
+  score on its text alone (``db.search`` without titles gives the score);
 * answers: occurrences grouped by ``" ".join(text.split()).casefold()`` of the document
   text sliced through the character offsets, score = sum * n_tokens ** alpha;
 * token mode: top-``k`` tokens that are a valid start or a valid end, softmax(sim/tau),
@@ -185,6 +187,21 @@ class Oracle:
             out.append(self.block_index[(si, int(h["block"]))])
         return out
 
+    def block_prior(self, text: str, blocks: list[tuple[int, int]], weight: float
+                    ) -> np.ndarray:
+        """Per token, ``weight`` x the BM25 score on its text alone (no title) of the
+        retrieved block holding it; 0 outside ``blocks`` (fill_mask's ``bm25_prior``)."""
+        out = np.zeros(self.n_tokens)
+        if not weight or not blocks:
+            return out
+        hits = self.db.search(MASK_RE.sub(" ", text), limit=len(self.block_index),
+                              version=self.version)
+        text_score = {self.block_index[(self.doc_seg[h["doc_id"]], int(h["block"]))]: h["score"]
+                      for h in hits}
+        for lo, hi in blocks:
+            out[lo:hi] = weight * text_score.get((lo, hi), 0.0)
+        return out
+
     def _mask(self, bit: int) -> np.ndarray:
         return ((self.flags & bit) != 0) & self.alive
 
@@ -233,13 +250,17 @@ class Oracle:
     def fill_mask(self, text: str, *, mode: str = "phrase", retrieval: str = "dense",
                   k: int = 1024, blocks: int = 3, max_len: int = 10, tau: float = 1.0,
                   alpha: float = 0.0, scoring: str = "npm", qv=None,
-                  not_in_query: bool = True, no_query_words: bool = True) -> OracleResult:
+                  not_in_query: bool = True, no_query_words: bool = True,
+                  bm25_prior: float = 0.5) -> OracleResult:
         """All answers (not only the top few) of a masked query. ``scoring='raw'`` is
         DensePhrases' ``sim_s + sim_e`` instead of NPM's ``P_s + P_e``. ``not_in_query``
         drops answers whose words are a run of the query's words, ``no_query_words`` those
-        holding any word of the query that is not a stopword (npmdb's defaults)."""
+        holding any word of the query that is not a stopword (npmdb's defaults).
+        ``bm25_prior``: each candidate's similarity gains that times its BM25 block's
+        text score before scoring (candidates are chosen by the plain similarity)."""
         qv = qv if qv is not None else self.encode(text, mode)
         blk = self.bm25_blocks(text, blocks) if retrieval in ("bm25", "hybrid") else []
+        prior = self.block_prior(text, blk, bm25_prior)
         answers: dict[str, OracleAnswer] = {}
 
         def add(key_text: str, s: int, e: int, score: float) -> None:
@@ -259,7 +280,7 @@ class Oracle:
                                           k=k, blocks=blk)
             toks = sorted(cands)
             if toks:
-                p = _softmax(sims[toks], tau)
+                p = _softmax(sims[toks] + prior[toks], tau)
                 for t, pt in zip(toks, p):
                     add(self.surface(t, t), t, t, float(pt))
             res = OracleResult(answers, gap, len(toks), len(toks), len(toks))
@@ -273,11 +294,11 @@ class Oracle:
             S = sorted({s for s, _ in spans})
             E = sorted({e for _, e in spans})
             if spans:
+                zs, ze = sims_s[S] + prior[S], sims_e[E] + prior[E]
                 if scoring == "raw":
-                    ps, pe = dict(zip(S, sims_s[S])), dict(zip(E, sims_e[E]))
+                    ps, pe = dict(zip(S, zs)), dict(zip(E, ze))
                 else:
-                    ps = dict(zip(S, _softmax(sims_s[S], tau)))
-                    pe = dict(zip(E, _softmax(sims_e[E], tau)))
+                    ps, pe = dict(zip(S, _softmax(zs, tau))), dict(zip(E, _softmax(ze, tau)))
                 for s, e in spans:
                     add(self.surface(s, e), s, e, float(ps[s] + pe[e]))
             res = OracleResult(answers, min(gap_s, gap_e), len(spans), len(S), len(E))

@@ -87,7 +87,8 @@ def run_against_oracle(db, oracle: Oracle, queries: list[str], *, mode: str, ret
                     max_len=rng.choice([1, 2, 3, 5, 10, 20]),
                     tau=rng.choice([0.25, 1.0, 1.0, 3.0]),
                     alpha=rng.choice([0.0, 0.0, 0.5, -0.5, 1.0]),
-                    blocks=rng.choice([1, 2, 3, 5, 8]))
+                    blocks=rng.choice([1, 2, 3, 5, 8]),
+                    bm25_prior=rng.choice([0.0, 0.5, 0.5, 2.0]))
         top = rng.choice([1, 3, 5, 10])
         qv = oracle.encode(q, mode)
         if retrieval != "bm25":
