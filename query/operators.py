@@ -562,13 +562,11 @@ class BM25Blocks(Operator):
             bm25 = snap.segments[si].bm25()
             hits = [(si, block, score) for block, _doc, score in
                     bm25.search(terms, limits[si], docs=docs, idf=idf, fields=self.fields)]
-            if not self.text_scores:
-                return hits
-            if self.fields == ("text",):
-                return [(*h, h[2]) for h in hits]
-            text = bm25.block_scores(terms, [h[1] for h in hits], fields=("text",),
-                                     idf=None if idf is None else {"text": idf["text"]})
-            return [(*h, text.get(h[1], 0.0)) for h in hits]
+            if self.text_scores:  # the block prior's: each block's score on its text alone
+                text = bm25.block_scores(terms, [h[1] for h in hits], fields=("text",),
+                                         idf=idf and {"text": idf["text"]})
+                hits = [(*h, text.get(h[1], 0.0)) for h in hits]
+            return hits
 
         return [h for part in per_segment(one, len(snap.segments)) for h in part]
 
