@@ -184,8 +184,10 @@ def main(argv=None) -> int:
                 sdb, rows, version=None, k=args.k, verbalizer=args.verbalizer,
                 options=sentiment_options)}
     md = render(out)
-    name = args.name or (f"quality-{data.name}" + (f"-{args.version}" if args.version else "")
-                         + (f"-split-{args.split}" if args.split != "all" else ""))
+    name = args.name or (f"quality-{data.name}" + (f"-{args.version}" if args.version else ""))
+    split = f"-split-{args.split}" if args.split != "all" else ""
+    if not name.endswith(split):   # a split run never overwrites the whole set's file
+        name += split
     path = write_result(name, out, md)
     print(md)
     print(f"wrote {path}", file=sys.stderr)
