@@ -207,9 +207,13 @@ def cmd_demo(args) -> int:
         if name == enc_names.BASE_NAME:
             print("\nAn untrained sentence encoder ranks poorly; train it with "
                   f"`npmdb train {path} --preset demo` (about 7 minutes on 2 cores; see README).")
-        else:
+        elif name == enc_names.SHIPPED_NAME:
             print(f"\nEncoder {name}: npmdb's shipped encoder (MiniLM trained with npmdb.train; "
-                  f"see README). `npmdb train {path} --preset demo` adapts it to this corpus.")
+                  "see README). `npmdb train DB --preset demo` fine-tunes it on a database's own "
+                  "corpus; measure before you keep it: on this sample corpus and on dev it "
+                  "adds no bm25 points and loses translation (README, Training).")
+        else:
+            print(f"\nEncoder {name}.")
     return 0
 
 
