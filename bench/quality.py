@@ -108,7 +108,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tasks", default="cloze,translation,sentiment")
     ap.add_argument("--limit", type=int, default=0, help="first N queries per task (0 = all)")
     ap.add_argument("--version", default=None, help="AS OF this version id or tag")
-    ap.add_argument("--name", default=None, help="result file name (bench/results/NAME.json)")
+    ap.add_argument("--name", default=None, help="result file name (bench/results/NAME.json; a --split run appends -split-SPLIT)")
     ap.add_argument("--split", choices=("all", "held-out", "trained"), default="all",
                     help="cloze/translation queries whose support documents the shipped "
                          "encoder never trained on (held-out), or did (trained); "
