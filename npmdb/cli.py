@@ -161,7 +161,8 @@ def cmd_train(args) -> int:
         report = npmdb.train(db, steps=args.steps, batch_blocks=args.batch_blocks, lr=args.lr,
                              objective=args.objective, refresh_every=args.refresh_every,
                              seed=args.seed, preset=args.preset, resume=args.resume,
-                             threads=args.threads, max_seconds=args.max_seconds)
+                             threads=args.threads, max_seconds=args.max_seconds,
+                             reverse_pairs=args.reverse_pairs)
         print(report)
     return 0
 
@@ -308,6 +309,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="NPM's span objective, NPM SINGLE's token one, or each batch either")
     tr.add_argument("--refresh-every", type=int, default=None,
                     help="write a refreshed version every N steps (0: only at the end)")
+    tr.add_argument("--reverse-pairs", action="store_true",
+                    help="also train on each short 'HEAD: GLOSS' entry (a bilingual "
+                         "dictionary's) read the other way, so a word that occurs once can "
+                         "be a target; the database is not changed")
     tr.add_argument("--resume", action="store_true", help="continue the saved run")
     tr.add_argument("--max-seconds", type=float, default=None,
                     help="time budget: stop stepping after this many seconds and write the "

@@ -91,6 +91,7 @@ class TrainConfig:
     start_step: int = 0  # the saved run's step when resuming
     span_unit: str = "token"  # masking: span lengths and budget in tokens (NPM) or words
     span_length_p: float = 0.5  # masking: span lengths ~ Geometric(p), clipped (NPM: 0.5)
+    reverse_pairs: bool = False  # training reads each short "HEAD: GLOSS" block both ways
 
     @property
     def warmup_steps(self) -> int:
@@ -109,7 +110,7 @@ class TrainConfig:
                     freeze_embeddings=self.freeze_embeddings,
                     exclude_repeats=self.exclude_repeats,
                     context_negatives=self.context_negatives,
-                    refresh_every=self.refresh_every)
+                    reverse_pairs=self.reverse_pairs, refresh_every=self.refresh_every)
 
     def summary(self) -> dict[str, Any]:
         """What :attr:`TrainReport.config <npmdb.train.TrainReport.config>` shows."""
@@ -169,12 +170,16 @@ def resolve_config(args: Mapping[str, Any], *, preset: str | None,
     clean_edges, max_span_len = args["clean_edges"], args["max_span_len"]
     span_unit = args.get("span_unit", "token")
     span_length_p = args.get("span_length_p", 0.5)
+    reverse_pairs = args.get("reverse_pairs", False)
     if s is not None:
         objective, seed = s["objective"], int(s["seed"])
         grouping, clean_edges = s["hyper"]["grouping"], bool(s["hyper"]["clean_edges"])
         max_span_len = int(s["hyper"]["max_span_len"])
         span_unit = s["hyper"].get("span_unit", "token")  # runs saved before the option
         span_length_p = s["hyper"].get("span_length_p", 0.5)  # ditto
+        reverse_pairs = bool(s["hyper"].get("reverse_pairs", False))  # ditto
+    if not isinstance(reverse_pairs, bool):
+        raise ProgrammingError(f"reverse_pairs must be True or False, got {reverse_pairs!r}")
     if span_unit not in SPAN_UNITS:
         raise ProgrammingError(f"span_unit must be one of {SPAN_UNITS}, got {span_unit!r}")
     if objective not in OBJECTIVES:
@@ -208,7 +213,8 @@ def resolve_config(args: Mapping[str, Any], *, preset: str | None,
         clean_edges=clean_edges, max_span_len=max_span_len, grad_cache=args["grad_cache"],
         chunk_tokens=chunk_tokens, loss_chunk=loss_chunk, threads=threads,
         tag_prefix=args["tag_prefix"], log_every=log_every, preset=preset,
-        start_step=start_step, span_unit=span_unit, span_length_p=span_length_p)
+        start_step=start_step, span_unit=span_unit, span_length_p=span_length_p,
+        reverse_pairs=reverse_pairs)
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:

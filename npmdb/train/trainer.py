@@ -26,9 +26,10 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from npmdb.errors import OperationalError, ProgrammingError
+from npmdb.errors import NotSupportedError, OperationalError, ProgrammingError
 
 from .batches import BatchSampler, load_blocks
+from .reversals import with_pair_reversals
 from .refresh import Refresher, RefreshDone, RefreshJob
 from .report import History, TrainReport
 from .state import (
@@ -67,6 +68,7 @@ def train(
     max_span_len: int = 10,
     span_unit: str = "token",
     span_length_p: float = 0.5,
+    reverse_pairs: bool = False,
     clean_edges: bool = True,
     grad_cache: bool = False,
     target_grad: bool | None = None,
@@ -123,6 +125,11 @@ def train(
         span_length_p: span lengths are drawn from ``Geometric(span_length_p)``, clipped
             at ``max_span_len`` (NPM: 0.5, a mean near 2; SpanBERT's 0.2 gives longer
             spans).
+        reverse_pairs: read each one-block document ``HEAD: GLOSS`` whose sides are short
+            (a bilingual dictionary entry) both ways: training adds ``GLOSS: HEAD`` as a
+            second block of that document (the database is not changed), so a word that
+            occurs once in the corpus can be a target (:mod:`npmdb.train.reversals`).
+            Off by default (NPM trains on the text as it is).
         clean_edges: mask only spans whose edges are valid phrase edges (no stopword or
             punctuation at either end) — the spans retrieval can return; False: any
             word-aligned span, as in NPM.
@@ -188,7 +195,7 @@ def train(
         exclude_repeats=exclude_repeats, context_negatives=context_negatives,
         refresh_every=refresh_every, objective=objective, seed=seed, grouping=grouping,
         clean_edges=clean_edges, max_span_len=max_span_len, span_unit=span_unit,
-        span_length_p=span_length_p,
+        span_length_p=span_length_p, reverse_pairs=reverse_pairs,
         grad_cache=grad_cache, chunk_tokens=chunk_tokens, loss_chunk=loss_chunk, threads=threads,
         tag_prefix=tag_prefix, log_every=log_every), preset=preset, saved=saved)
     if progress is None:
@@ -232,6 +239,13 @@ def _sampler(db: "Database", cfg: TrainConfig, saved: Checkpoint | None
         raise ProgrammingError("the database has no documents to train on: add some with "
                                "db.add(...)")
     corpus = load_blocks(db)
+    if cfg.reverse_pairs:
+        tok = db.encoder_for(corpus.generation).tokenizer
+        sep_id = tok.convert_tokens_to_ids(":")
+        if sep_id is None or sep_id == tok.unk_token_id:
+            raise NotSupportedError("reverse_pairs needs a tokenizer that has ':' as a token "
+                                    "of its own; this encoder's has not: train without it")
+        corpus, _ = with_pair_reversals(corpus, int(sep_id))
     if corpus.num_blocks < 2:
         raise ProgrammingError("training needs at least 2 blocks in the database")
     sampler = BatchSampler(corpus, batch_blocks=cfg.batch_blocks, group_size=cfg.group_size,
