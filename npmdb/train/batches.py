@@ -76,6 +76,20 @@ class CorpusBlocks:
     def block_len(self, i: int) -> int:
         return int(self.ptr[i + 1] - self.ptr[i])
 
+    @classmethod
+    def from_blocks(cls, tokens: list[np.ndarray], flags: list[np.ndarray],
+                    lens: np.ndarray, doc: np.ndarray, num_docs: int, version: int,
+                    generation: int) -> "CorpusBlocks":
+        """Blocks given in order (token and flag runs, their lengths, each one's dense
+        document number, non-decreasing) as one corpus."""
+        ptr = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+        doc = np.asarray(doc, dtype=np.int64)
+        bounds = np.searchsorted(doc, np.arange(num_docs + 1))
+        doc_blocks = np.stack([bounds[:-1], bounds[1:]], axis=1).astype(np.int64)
+        return cls(np.concatenate(tokens).astype(np.int32, copy=False),
+                   np.concatenate(flags).astype(np.uint8, copy=False), ptr, doc, doc_blocks,
+                   int(version), int(generation))
+
 
 def load_blocks(db: Any, version: int | str | None = None) -> CorpusBlocks:
     """Read the token columns of every live block of ``version`` (HEAD by default).
@@ -108,13 +122,8 @@ def load_blocks(db: Any, version: int | str | None = None) -> CorpusBlocks:
     if not lens:
         raise ProgrammingError("the database has no documents to train on: add some with "
                                "db.add(...)")
-    lens_a = np.concatenate(lens)
-    ptr = np.concatenate([[0], np.cumsum(lens_a)]).astype(np.int64)
-    doc = np.concatenate(docs).astype(np.int64)
-    bounds = np.searchsorted(doc, np.arange(next_doc + 1))
-    doc_blocks = np.stack([bounds[:-1], bounds[1:]], axis=1).astype(np.int64)
-    return CorpusBlocks(np.concatenate(toks), np.concatenate(flags), ptr, doc, doc_blocks,
-                        int(vid), int(gen))
+    return CorpusBlocks.from_blocks(toks, flags, np.concatenate(lens), np.concatenate(docs),
+                                    next_doc, vid, gen)
 
 
 class NeighbourIndex:

@@ -83,10 +83,6 @@ def with_pair_reversals(corpus: CorpusBlocks, sep_id: int, *,
             added += 1
     if not added:
         return corpus, 0
-    ptr = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
-    doc = np.asarray(docs, dtype=np.int64)
-    bounds = np.searchsorted(doc, np.arange(corpus.num_docs + 1))
-    doc_blocks = np.stack([bounds[:-1], bounds[1:]], axis=1).astype(np.int64)
-    return CorpusBlocks(np.concatenate(toks).astype(np.int32, copy=False),
-                        np.concatenate(flgs).astype(np.uint8, copy=False), ptr, doc,
-                        doc_blocks, corpus.version, corpus.generation), added
+    return CorpusBlocks.from_blocks(toks, flgs, np.asarray(lens), np.asarray(docs),
+                                    corpus.num_docs, corpus.version,
+                                    corpus.generation), added
