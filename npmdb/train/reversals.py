@@ -2,12 +2,12 @@
 
 NPM masks a span only where it also occurs in another block of the batch (its positive).
 A bilingual dictionary entry, ``"Кампучия: Cambodia"``, usually holds its foreign word
-once in the whole corpus, so the word is never a target; worse, every batch shows its
-pieces as negatives for every target, and training on such a corpus teaches the encoder
-to score foreign words like punctuation (dev's translation EM fell from 18.2 to 4.7–13.4
-in every user-training run, CPU or GPU; ``bench/results/gpu-h100-2026-11-27.md``). The
-shipped encoder's recipe avoided this by adding each packaged pair reversed to its
-training text (:func:`npmdb.train.sources.pair_reversals`).
+once in the whole corpus, so the word is never a target, and an encoder trained from
+the base on such text scores foreign words like punctuation. The shipped encoder's recipe
+made them targets by adding each packaged pair reversed to its training text
+(:func:`npmdb.train.sources.pair_reversals`). On top of the shipped encoder this option
+does not keep translation (measured: ``bench/results/encoder-recipe-dev-small.md``; a
+user run loses it with or without pairs in its batches), so it is off by default.
 
 :func:`with_pair_reversals` does the same for a database's blocks without touching the
 database: a one-block document that reads ``HEAD: GLOSS``, both sides short, gets a
