@@ -1,18 +1,19 @@
-"""Shared helpers for the benchmarks: data loading, SQuAD normalisation, result files."""
+"""Shared helpers for the benchmarks: data loading, result files; exact match is
+:mod:`npmdb.evaluation`'s (what ``npmdb eval`` reports)."""
 
 from __future__ import annotations
 
 import gzip
 import json
 import platform
-import re
-import string
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from npmdb.evaluation import exact_match, length_bucket as bucket, normalize_answer  # noqa: F401
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -21,25 +22,6 @@ def load_jsonl(path: Path) -> list[dict]:
     opener = gzip.open if str(path).endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8") as fh:
         return [json.loads(line) for line in fh if line.strip()]
-
-
-def normalize_answer(s: str) -> str:
-    """SQuAD normalisation: lower case, strip punctuation and articles, fold white space."""
-    s = s.lower()
-    s = "".join(ch for ch in s if ch not in set(string.punctuation))
-    s = re.sub(r"\b(a|an|the)\b", " ", s)
-    return " ".join(s.split())
-
-
-def exact_match(pred: str | None, answers: list[str]) -> bool:
-    if pred is None:
-        return False
-    p = normalize_answer(pred)
-    return any(p == normalize_answer(a) for a in answers)
-
-
-def bucket(n: int) -> str:
-    return str(n) if n < 4 else "4+"
 
 
 def machine() -> dict[str, Any]:

@@ -14,35 +14,29 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections import defaultdict
+from collections import Counter
 from pathlib import Path
 
 from npmdb.arguments import parse_assignments
+from npmdb.evaluation import evaluate
 
-from .common import bucket, exact_match, load_jsonl, machine, write_result
+from .common import load_jsonl, machine, write_result
 
 MODES = ("bm25", "dense", "hybrid")
 
 
 def evaluate_cloze(db, rows: list[dict], mode: str, *, max_len: int = 10, version=None,
                    k: int = 1024, options: dict | None = None) -> dict:
-    by_len: dict[str, list[bool]] = defaultdict(list)
-    by_rel: dict[str, list[bool]] = defaultdict(list)
-    t0 = time.time()
-    for r in rows:
-        res = db.fill_mask(r["query"], retrieval=mode, max_len=max_len, top=1, k=k,
-                           evidence=0, version=version, **(options or {}))
-        ok = exact_match(res.top.text if res.top else None, r["answers"])
-        by_len[bucket(int(r.get("answer_ngram", 1)))].append(ok)
-        by_rel[r.get("relation", "?")].append(ok)
-    flat = [x for v in by_len.values() for x in v]
-    macro = sum(100.0 * sum(v) / len(v) for v in by_len.values()) / max(len(by_len), 1)
-    rel_macro = sum(100.0 * sum(v) / len(v) for v in by_rel.values()) / max(len(by_rel), 1)
-    return {"mode": mode, "n": len(flat), "em_macro": macro, "em_relation_macro": rel_macro,
-            "em_micro": 100.0 * sum(flat) / max(len(flat), 1),
-            "by_length": {b: {"n": len(v), "em": 100.0 * sum(v) / len(v)} for b, v in sorted(by_len.items())},
-            "by_relation": {b: {"n": len(v), "em": 100.0 * sum(v) / len(v)} for b, v in sorted(by_rel.items())},
-            "seconds": time.time() - t0}
+    """``npmdb.evaluate`` of ``rows`` (top answer, exact match) as this report's dict."""
+    ev = evaluate(db, rows, version=version, retrieval=mode, max_len=max_len, k=k,
+                  progress=False, **(options or {}))
+    n_len = Counter(r.bucket for r in ev.results)
+    n_rel = Counter(r.relation for r in ev.results)
+    return {"mode": mode, "n": ev.n, "em_macro": ev.length_macro,
+            "em_relation_macro": ev.relation_macro, "em_micro": ev.micro,
+            "by_length": {b: {"n": n_len[b], "em": em} for b, em in ev.by_length.items()},
+            "by_relation": {g: {"n": n_rel[g], "em": em} for g, em in ev.by_relation.items()},
+            "seconds": ev.seconds}
 
 
 # Sentiment verbalisers: NPM's single words, and fuzzy ones (several words per label, as

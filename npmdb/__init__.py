@@ -16,7 +16,7 @@ from .errors import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "open", "train", "Database", "Result", "Answer", "Evidence", "Document",
+    "open", "train", "evaluate", "Database", "Result", "Answer", "Evidence", "Document",
     "Error", "Warning", "InterfaceError", "DatabaseError", "DataError", "OperationalError",
     "IntegrityError", "InternalError", "ProgrammingError", "NotSupportedError",
     "QueryParseError", "__version__",
@@ -37,4 +37,7 @@ def __getattr__(name: str):
     if name == "train":
         from .train import train
         return train
+    if name == "evaluate":
+        from .evaluation import evaluate
+        return evaluate
     raise AttributeError(f"module 'npmdb' has no attribute {name!r}")

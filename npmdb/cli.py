@@ -1,5 +1,5 @@
 """The ``npmdb`` command line: add, query, sql, shell, serve, search, versions, tag, train,
-check, demo."""
+eval, check, demo."""
 
 from __future__ import annotations
 
@@ -167,6 +167,46 @@ def cmd_train(args) -> int:
     return 0
 
 
+def cmd_eval(args) -> int:
+    import npmdb
+    from .arguments import parse_assignments
+    from .evaluation import load_questions
+
+    try:
+        options = parse_assignments(args.option, "--option")
+    except ValueError as exc:
+        raise npmdb.ProgrammingError(str(exc)) from None
+    questions = load_questions(args.questions)
+    retrievals = [r for r in args.retrieval.split(",") if r]
+    versions = [int(v) if v.isdigit() else v for v in args.version or []] or [None]
+    with npmdb.open(args.db, create=False, readonly=True, progress=False) as db:
+        runs = [npmdb.evaluate(db, questions, version=v, retrieval=r, max_len=args.max_len,
+                               progress=False if args.quiet else None, **options)
+                for v in versions for r in retrievals]
+    if args.json:
+        print(json.dumps([dict(e.summary(), questions=e.to_list() if args.questions_out else None)
+                          for e in runs], ensure_ascii=False, indent=1))
+        return 0
+    print(f"{len(questions)} questions from {args.questions}; exact match in %")
+    _print_table(("version", "gen", "retrieval", "micro", "length-macro", "relation-macro",
+                  "seconds"),
+                 [(e.version, e.generation, e.retrieval, f"{e.micro:.1f}",
+                   f"{e.length_macro:.1f}", f"{e.relation_macro:.1f}", f"{e.seconds:.1f}")
+                  for e in runs], sys.stdout)
+    for title, part in (("answer length (words)", "by_length"), ("relation", "by_relation")):
+        keys = sorted({k for e in runs for k in getattr(e, part)})
+        if len(keys) < 2:
+            continue
+        counts = {k: sum(1 for r in runs[0].results if (r.bucket if part == "by_length"
+                                                        else r.relation) == k) for k in keys}
+        print()
+        _print_table((title, "n") + tuple(f"v{e.version} {e.retrieval}" for e in runs),
+                     [(k or "(none)", counts[k]) + tuple(f"{getattr(e, part).get(k, 0.0):.1f}"
+                                                         for e in runs) for k in keys],
+                     sys.stdout)
+    return 0
+
+
 def cmd_check(args) -> int:
     import npmdb
 
@@ -211,8 +251,9 @@ def cmd_demo(args) -> int:
         elif name == enc_names.SHIPPED_NAME:
             print(f"\nEncoder {name}: npmdb's shipped encoder (MiniLM trained with npmdb.train; "
                   "see README). `npmdb train DB --preset demo` fine-tunes it on a database's own "
-                  "corpus; measure before you keep it: on this sample corpus and on dev it "
-                  "adds no bm25 points and loses translation (README, Training).")
+                  "corpus; measure before you keep it (`npmdb eval DB QUESTIONS.jsonl --version 1 "
+                  "--version 2`): on this sample corpus and on dev it adds no bm25 points and "
+                  "loses translation (README, Training).")
         else:
             print(f"\nEncoder {name}.")
     return 0
@@ -321,6 +362,24 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("-q", "--quiet", action="store_true")
     tr.set_defaults(fn=cmd_train)
+
+    ev = sub.add_parser("eval", help="exact match of questions with known answers, per version "
+                        "(did training help?)")
+    ev.add_argument("db")
+    ev.add_argument("questions", help='JSONL(.gz): one {"query": "... [MASK] ...", "answers": '
+                    '[...], "relation": optional group} a line')
+    ev.add_argument("--version", action="append", default=None,
+                    help="version id or tag to measure (repeatable; default: HEAD)")
+    ev.add_argument("--retrieval", default="bm25",
+                    help="bm25, dense, hybrid, or several joined by commas (default bm25)")
+    ev.add_argument("--max-len", type=int, default=10, help="longest answer in tokens (10)")
+    ev.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
+                    help="a fill_mask option for every question (repeatable), e.g. blocks=1")
+    ev.add_argument("--json", action="store_true", help="the figures as JSON")
+    ev.add_argument("--questions-out", action="store_true",
+                    help="with --json: each question's top answer too")
+    ev.add_argument("-q", "--quiet", action="store_true")
+    ev.set_defaults(fn=cmd_eval)
 
     c = sub.add_parser("check", help="verify checksums and references (exit 1 if damaged)")
     c.add_argument("db")

@@ -1,0 +1,261 @@
+"""Exact match of masked-span questions with known answers, one version at a time.
+
+How a user measures whether a change helped on their own questions: ``npmdb.train``
+writes a new version, and the version before it stays readable (``AS OF``), so the two
+are compared on the same questions::
+
+    qs = npmdb.evaluation.load_questions("my-questions.jsonl")
+    before = npmdb.evaluate(db, qs, version=1, retrieval="bm25")
+    after = npmdb.evaluate(db, qs, retrieval="bm25")          # HEAD
+    print(before, after, sep="\\n")
+
+The measure is the NPM paper's: the top answer against every gold answer after SQuAD
+normalisation (lower case, no punctuation or articles, white space folded), reported
+micro-averaged, macro-averaged over answer lengths 1, 2, 3 and 4+ words, and
+macro-averaged over the questions' ``relation`` groups (one group when none is given).
+``bench/quality.py`` scores the bundled evaluation sets with the same functions.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import string
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+
+from .errors import DataError, NotSupportedError, ProgrammingError
+from .progress import progress_bar
+from .query.text import split_mask
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .database import Database
+
+__all__ = ["Question", "QuestionResult", "Evaluation", "load_questions", "evaluate",
+           "normalize_answer", "exact_match", "length_bucket"]
+
+_PUNCT = frozenset(string.punctuation)
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+
+
+def normalize_answer(s: str) -> str:
+    """SQuAD normalisation: lower case, strip punctuation and articles, fold white space."""
+    s = "".join(ch for ch in s.lower() if ch not in _PUNCT)
+    return " ".join(_ARTICLES.sub(" ", s).split())
+
+
+def exact_match(pred: str | None, answers: Iterable[str]) -> bool:
+    """Whether ``pred`` equals one of ``answers`` after :func:`normalize_answer`."""
+    if pred is None:
+        return False
+    p = normalize_answer(pred)
+    return any(p == normalize_answer(a) for a in answers)
+
+
+def length_bucket(n: int) -> str:
+    """NPM's answer-length bucket of an ``n``-word answer: "1", "2", "3" or "4+"."""
+    return str(n) if n < 4 else "4+"
+
+
+@dataclass(frozen=True, slots=True)
+class Question:
+    """A masked-span question with its gold answers.
+
+    ``relation``: the group it is reported in (a relation, a task); ``length``: the
+    answer's length in words for the length macro-average (default: the first answer's)."""
+
+    query: str
+    answers: tuple[str, ...]
+    relation: str = ""
+    id: str = ""
+    length: int = 0
+
+    def __post_init__(self) -> None:
+        split_mask(self.query)  # exactly one mask, or a clear ProgrammingError
+        if isinstance(self.answers, str) or not self.answers \
+                or not all(isinstance(a, str) and a.strip() for a in self.answers):
+            raise ProgrammingError(f"question {self.query!r}: answers must be a non-empty "
+                                   f"list of non-empty strings, got {self.answers!r}")
+        object.__setattr__(self, "answers", tuple(self.answers))
+        if not isinstance(self.length, int) or self.length < 0:
+            raise ProgrammingError(f"question {self.query!r}: length must be a whole number "
+                                   f"of words, got {self.length!r}")
+        if self.length == 0:
+            object.__setattr__(self, "length", max(1, len(self.answers[0].split())))
+
+    @property
+    def bucket(self) -> str:
+        return length_bucket(self.length)
+
+    @classmethod
+    def from_dict(cls, row: Mapping[str, Any]) -> "Question":
+        """From a JSON object: ``query`` and ``answers`` (a list, or one string), optional
+        ``relation``, ``id`` and ``answer_ngram`` (the answer's length in words)."""
+        if not isinstance(row, Mapping):
+            raise ProgrammingError(f"a question must be an object, got {type(row).__name__}")
+        missing = [k for k in ("query", "answers") if k not in row]
+        if missing:
+            raise ProgrammingError(f"a question needs the fields 'query' and 'answers'; "
+                                   f"missing {', '.join(missing)} in {dict(row)!r}")
+        answers = row["answers"]
+        answers = (answers,) if isinstance(answers, str) else tuple(answers)
+        return cls(query=row["query"], answers=answers, relation=str(row.get("relation") or ""),
+                   id=str(row.get("id") or ""), length=int(row.get("answer_ngram") or 0))
+
+
+def load_questions(source: str | Path | Iterable[Mapping[str, Any] | Question]
+                   ) -> list[Question]:
+    """Questions from a JSONL(.gz) file (one object a line, as :meth:`Question.from_dict`
+    reads) or from an iterable of dicts or :class:`Question` s."""
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        if not path.is_file():
+            raise ProgrammingError(f"no question file {path}: give a JSONL file with one "
+                                   '{"query": ..., "answers": [...]} object a line')
+        opener = gzip.open if path.suffix == ".gz" else open
+        out = []
+        with opener(path, "rt", encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    out.append(Question.from_dict(json.loads(line)))
+                except (json.JSONDecodeError, ProgrammingError, TypeError, ValueError) as exc:
+                    raise DataError(f"{path}, line {lineno}: {exc}") from exc
+    else:
+        out = [q if isinstance(q, Question) else Question.from_dict(q) for q in source]
+    if not out:
+        raise ProgrammingError(f"no questions in {source!r}")
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class QuestionResult:
+    """One question's top answer (None: nothing answered) and whether it is right."""
+
+    id: str
+    query: str
+    answers: tuple[str, ...]
+    relation: str
+    bucket: str
+    predicted: str | None
+    correct: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(id=self.id, query=self.query, answers=list(self.answers),
+                    relation=self.relation, bucket=self.bucket, predicted=self.predicted,
+                    correct=self.correct)
+
+
+def _share(flags: Sequence[bool]) -> float:
+    return 100.0 * sum(flags) / len(flags) if flags else 0.0
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Exact match (in %) of one version and retrieval on a set of questions."""
+
+    version: int
+    generation: int
+    retrieval: str
+    options: Mapping[str, Any]
+    results: tuple[QuestionResult, ...]
+    seconds: float
+
+    @property
+    def n(self) -> int:
+        return len(self.results)
+
+    def _groups(self, key: str) -> dict[str, list[bool]]:
+        groups: dict[str, list[bool]] = defaultdict(list)
+        for r in self.results:
+            groups[getattr(r, key)].append(r.correct)
+        return dict(sorted(groups.items()))
+
+    @property
+    def by_length(self) -> dict[str, float]:
+        return {b: _share(v) for b, v in self._groups("bucket").items()}
+
+    @property
+    def by_relation(self) -> dict[str, float]:
+        return {g: _share(v) for g, v in self._groups("relation").items()}
+
+    @property
+    def micro(self) -> float:
+        return _share([r.correct for r in self.results])
+
+    @property
+    def length_macro(self) -> float:
+        v = self.by_length
+        return sum(v.values()) / len(v) if v else 0.0
+
+    @property
+    def relation_macro(self) -> float:
+        v = self.by_relation
+        return sum(v.values()) / len(v) if v else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        """The figures without the per-question rows."""
+        return dict(version=self.version, generation=self.generation, retrieval=self.retrieval,
+                    n=self.n, micro=self.micro, length_macro=self.length_macro,
+                    relation_macro=self.relation_macro, by_length=self.by_length,
+                    by_relation=self.by_relation, seconds=self.seconds)
+
+    def to_list(self) -> list[dict[str, Any]]:
+        """One dict per question: its top answer and whether it is right."""
+        return [r.to_dict() for r in self.results]
+
+    def to_pandas(self):
+        try:
+            import pandas as pd
+        except ImportError as exc:
+            raise NotSupportedError("to_pandas needs pandas: pip install 'npmdb[pandas]'") from exc
+        return pd.DataFrame(self.to_list(), columns=list(QuestionResult.__slots__))
+
+    def to_arrow(self):
+        try:
+            import pyarrow as pa
+        except ImportError as exc:
+            raise NotSupportedError("to_arrow needs pyarrow: pip install 'npmdb[arrow]'") from exc
+        return pa.Table.from_pylist(self.to_list()) if self.results else \
+            pa.table({c: [] for c in QuestionResult.__slots__})
+
+    def __str__(self) -> str:
+        return (f"version {self.version} (generation {self.generation}), {self.retrieval}: "
+                f"{self.n} questions, EM {self.micro:.1f} micro, {self.length_macro:.1f} "
+                f"length-macro, {self.relation_macro:.1f} relation-macro")
+
+
+def evaluate(db: "Database", questions: str | Path | Iterable[Mapping[str, Any] | Question], *,
+             version: int | str | None = None, retrieval: str = "bm25", max_len: int = 10,
+             progress: bool | None = None, **options: Any) -> Evaluation:
+    """Ask each question with ``db.fill_mask(query, top=1, ...)`` at ``version`` (None:
+    HEAD) and score its top answer by exact match. ``options`` go to ``fill_mask`` (for
+    example ``k``, ``blocks``, ``bm25_prior``), the same for every question."""
+    qs = load_questions(questions)
+    for bad in ("top", "evidence", "query"):
+        if bad in options:
+            raise ProgrammingError(f"evaluate asks for the top answer itself; drop {bad}=")
+    results = []
+    ver = gen = None
+    t0 = time.perf_counter()
+    bar = progress_bar(len(qs), f"evaluating version {version if version is not None else 'HEAD'}",
+                       progress, unit="q")
+    try:
+        for q in qs:
+            res = db.fill_mask(q.query, top=1, evidence=0, retrieval=retrieval,
+                               max_len=max_len, version=version, **options)
+            ver, gen = res.version, res.generation
+            pred = res.top.text if res.top else None
+            results.append(QuestionResult(q.id, q.query, q.answers, q.relation, q.bucket, pred,
+                                          exact_match(pred, q.answers)))
+            bar.update(1)
+    finally:
+        bar.close()
+    return Evaluation(version=int(ver), generation=int(gen), retrieval=retrieval,
+                      options=dict(options, max_len=max_len), results=tuple(results),
+                      seconds=time.perf_counter() - t0)

@@ -1,0 +1,134 @@
+"""``npmdb.evaluate`` and ``npmdb eval``: exact match of questions with known answers, per
+version. A hand-made corpus where BM25 leaves each question one candidate answer makes
+the top answers known whatever the (tiny, random) encoder scores; the real encoder is
+checked against plain ``fill_mask`` calls."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import npmdb
+from npmdb.cli import main
+from npmdb.evaluation import Question, exact_match, load_questions, normalize_answer
+
+DOCS = [
+    {"id": "salem", "title": "Salem", "text": "Salem: Oregon"},
+    {"id": "thess", "title": "Thessaloniki", "text": "Thessaloniki: Greece"},
+    {"id": "lima", "title": "Lima", "text": "Lima: Peru"},
+    {"id": "oslo", "title": "Oslo", "text": "Oslo: Norway"},
+]
+QUESTIONS = [
+    {"id": "q1", "query": "Salem is the capital of [MASK].", "answers": ["Oregon"],
+     "relation": "capital"},
+    {"id": "q2", "query": "Thessaloniki is a city in [MASK].", "answers": ["Greece", "Hellas"],
+     "relation": "located_in"},
+    {"id": "q3", "query": "Lima is a city in [MASK].", "answers": "Chile",
+     "relation": "located_in"},
+    {"id": "q4", "query": "Oslo is the capital of [MASK].", "answers": ["Kingdom of Norway"],
+     "relation": "capital", "answer_ngram": 3},
+]
+
+
+@pytest.fixture()
+def planted(tmp_path, tiny_encoder):
+    """Version 1: the four entries; version 2: Salem's entry deleted."""
+    path = tmp_path / "db"
+    with npmdb.open(path, encoder=tiny_encoder, progress=False) as db:
+        db.add(DOCS)
+        db.delete("salem")
+    return path
+
+
+def test_normalisation_is_squads():
+    assert normalize_answer("  The  Kingdom of Norway. ") == "kingdom of norway"
+    assert exact_match("the Oregon!", ["Oregon"])
+    assert exact_match("Hellas", ("Greece", "hellas"))
+    assert not exact_match("Oregon State", ["Oregon"])
+    assert not exact_match(None, ["Oregon"])
+
+
+def test_figures_per_version(planted):
+    with npmdb.open(planted, progress=False) as db:
+        before = npmdb.evaluate(db, QUESTIONS, version=1)
+        after = npmdb.evaluate(db, QUESTIONS)
+    assert [r.predicted for r in before.results] == ["Oregon", "Greece", "Peru", "Norway"]
+    assert [r.correct for r in before.results] == [True, True, False, False]
+    assert (before.version, before.n, before.retrieval) == (1, 4, "bm25")
+    assert before.micro == pytest.approx(50.0)
+    assert before.by_length == pytest.approx({"1": 200 / 3, "3": 0.0})
+    assert before.length_macro == pytest.approx(100 / 3)
+    assert before.by_relation == pytest.approx({"capital": 50.0, "located_in": 50.0})
+    assert before.relation_macro == pytest.approx(50.0)
+    # HEAD (version 2) has no Salem entry: that question loses its answer
+    assert after.version == 2
+    assert after.results[0].predicted != "Oregon" and not after.results[0].correct
+    assert after.micro == pytest.approx(25.0)
+    rows = before.to_list()
+    assert rows[2] == {"id": "q3", "query": QUESTIONS[2]["query"], "answers": ["Chile"],
+                       "relation": "located_in", "bucket": "1", "predicted": "Peru",
+                       "correct": False}
+    assert "EM 50.0 micro" in str(before)
+    assert list(before.to_pandas()["correct"]) == [True, True, False, False]
+    assert before.to_arrow().num_rows == 4
+
+
+def test_questions_are_checked(tmp_path):
+    with pytest.raises(npmdb.ProgrammingError, match="exactly one mask"):
+        Question("Salem is the capital of Oregon.", ("Oregon",))
+    with pytest.raises(npmdb.ProgrammingError, match="non-empty list"):
+        Question("Salem is in [MASK].", ())
+    with pytest.raises(npmdb.ProgrammingError, match="missing answers"):
+        load_questions([{"query": "Salem is in [MASK]."}])
+    assert Question("Salem is in [MASK].", ("Marion County",)).bucket == "2"
+    bad = tmp_path / "q.jsonl"
+    bad.write_text(json.dumps(QUESTIONS[0]) + "\n{not json\n")
+    with pytest.raises(npmdb.DataError, match=r"q\.jsonl, line 2"):
+        load_questions(bad)
+    with pytest.raises(npmdb.ProgrammingError, match="no question file"):
+        load_questions(tmp_path / "missing.jsonl")
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(npmdb.ProgrammingError, match="no questions"):
+        load_questions(tmp_path / "empty.jsonl")
+
+
+def test_options_reach_fill_mask(planted):
+    with npmdb.open(planted, progress=False) as db:
+        db.tag("before", 1)
+        with pytest.raises(npmdb.ProgrammingError, match="top"):
+            npmdb.evaluate(db, QUESTIONS, top=5)
+        with pytest.raises(npmdb.ProgrammingError, match="no_such_option"):
+            npmdb.evaluate(db, QUESTIONS, no_such_option=1)
+        ev = npmdb.evaluate(db, QUESTIONS, version="before", blocks=1, max_len=4)
+    assert ev.version == 1 and ev.options == {"blocks": 1, "max_len": 4}
+    assert [r.predicted for r in ev.results] == ["Oregon", "Greece", "Peru", "Norway"]
+
+
+def test_cli_compares_versions(planted, tmp_path, capsys):
+    qfile = tmp_path / "questions.jsonl"
+    qfile.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    assert main(["eval", str(planted), str(qfile), "--version", "1", "--version", "2",
+                 "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "4 questions" in out and "relation-macro" in out and "located_in" in out
+    assert main(["eval", str(planted), str(qfile), "--version", "1", "--json",
+                 "--questions-out", "-q"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got[0]["micro"] == pytest.approx(50.0) and got[0]["version"] == 1
+    assert [q["predicted"] for q in got[0]["questions"]] == ["Oregon", "Greece", "Peru", "Norway"]
+    assert main(["eval", str(planted), str(qfile), "--option", "blocks"]) == 2
+    assert "NAME=VALUE" in capsys.readouterr().err
+    qfile.write_text('{"query": "no mask here", "answers": ["x"]}\n')
+    assert main(["eval", str(planted), str(qfile)]) == 2
+    assert "line 1" in capsys.readouterr().err
+
+
+def test_real_encoder_matches_fill_mask(real_db, sample_cloze):
+    qs = sample_cloze[:12]
+    ev = npmdb.evaluate(real_db, qs, retrieval="bm25", progress=False)
+    for q, r in zip(qs, ev.results):
+        top = real_db.fill_mask(q["query"], retrieval="bm25", top=1).top
+        assert r.predicted == (top.text if top else None)
+        assert r.correct == exact_match(r.predicted, q["answers"])
+    assert ev.micro == pytest.approx(100.0 * sum(r.correct for r in ev.results) / len(qs))
