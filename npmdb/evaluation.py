@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .database import Database
 
 __all__ = ["Question", "QuestionResult", "Evaluation", "load_questions", "evaluate",
-           "normalize_answer", "exact_match", "length_bucket"]
+           "normalize_answer", "exact_match", "length_bucket", "COLUMNS"]
 
 _PUNCT = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -76,11 +76,11 @@ class Question:
 
     def __post_init__(self) -> None:
         split_mask(self.query)  # exactly one mask, or a clear ProgrammingError
-        if isinstance(self.answers, str) or not self.answers \
-                or not all(isinstance(a, str) and a.strip() for a in self.answers):
+        answers = () if isinstance(self.answers, str) else tuple(self.answers)
+        if not answers or not all(isinstance(a, str) and a.strip() for a in answers):
             raise ProgrammingError(f"question {self.query!r}: answers must be a non-empty "
                                    f"list of non-empty strings, got {self.answers!r}")
-        object.__setattr__(self, "answers", tuple(self.answers))
+        object.__setattr__(self, "answers", answers)
         if not isinstance(self.length, int) or self.length < 0:
             raise ProgrammingError(f"question {self.query!r}: length must be a whole number "
                                    f"of words, got {self.length!r}")
@@ -102,9 +102,16 @@ class Question:
             raise ProgrammingError(f"a question needs the fields 'query' and 'answers'; "
                                    f"missing {', '.join(missing)} in {dict(row)!r}")
         answers = row["answers"]
-        answers = (answers,) if isinstance(answers, str) else tuple(answers)
-        return cls(query=row["query"], answers=answers, relation=str(row.get("relation") or ""),
-                   id=str(row.get("id") or ""), length=int(row.get("answer_ngram") or 0))
+        if not isinstance(answers, (str, list, tuple)):
+            raise ProgrammingError(f"question {row['query']!r}: answers must be a list of "
+                                   f"strings, got {answers!r}")
+        length = row.get("answer_ngram") or 0
+        if isinstance(length, bool) or not isinstance(length, int):
+            raise ProgrammingError(f"question {row['query']!r}: answer_ngram must be a whole "
+                                   f"number of words, got {length!r}")
+        return cls(query=row["query"], answers=(answers,) if isinstance(answers, str)
+                   else tuple(answers), relation=str(row.get("relation") or ""),
+                   id=str(row.get("id") or ""), length=length)
 
 
 def load_questions(source: str | Path | Iterable[Mapping[str, Any] | Question]
@@ -149,6 +156,10 @@ class QuestionResult:
         return dict(id=self.id, query=self.query, answers=list(self.answers),
                     relation=self.relation, bucket=self.bucket, predicted=self.predicted,
                     correct=self.correct)
+
+
+#: The columns of :meth:`Evaluation.to_list` / ``to_pandas`` / ``to_arrow``.
+COLUMNS = ("id", "query", "answers", "relation", "bucket", "predicted", "correct")
 
 
 def _share(flags: Sequence[bool]) -> float:
@@ -214,7 +225,7 @@ class Evaluation:
             import pandas as pd
         except ImportError as exc:
             raise NotSupportedError("to_pandas needs pandas: pip install 'npmdb[pandas]'") from exc
-        return pd.DataFrame(self.to_list(), columns=list(QuestionResult.__slots__))
+        return pd.DataFrame(self.to_list(), columns=list(COLUMNS))
 
     def to_arrow(self):
         try:
@@ -222,7 +233,7 @@ class Evaluation:
         except ImportError as exc:
             raise NotSupportedError("to_arrow needs pyarrow: pip install 'npmdb[arrow]'") from exc
         return pa.Table.from_pylist(self.to_list()) if self.results else \
-            pa.table({c: [] for c in QuestionResult.__slots__})
+            pa.table({c: [] for c in COLUMNS})
 
     def __str__(self) -> str:
         return (f"version {self.version} (generation {self.generation}), {self.retrieval}: "

@@ -81,6 +81,11 @@ def test_questions_are_checked(tmp_path):
         Question("Salem is in [MASK].", ())
     with pytest.raises(npmdb.ProgrammingError, match="missing answers"):
         load_questions([{"query": "Salem is in [MASK]."}])
+    with pytest.raises(npmdb.ProgrammingError, match="answer_ngram"):
+        load_questions([{"query": "Salem is in [MASK].", "answers": ["Oregon"],
+                         "answer_ngram": "one"}])
+    with pytest.raises(npmdb.ProgrammingError, match="answers must be a list"):
+        load_questions([{"query": "Salem is in [MASK].", "answers": 3}])
     assert Question("Salem is in [MASK].", ("Marion County",)).bucket == "2"
     bad = tmp_path / "q.jsonl"
     bad.write_text(json.dumps(QUESTIONS[0]) + "\n{not json\n")
