@@ -76,7 +76,10 @@ class Question:
 
     def __post_init__(self) -> None:
         split_mask(self.query)  # exactly one mask, or a clear ProgrammingError
-        answers = () if isinstance(self.answers, str) else tuple(self.answers)
+        try:
+            answers = () if isinstance(self.answers, str) else tuple(self.answers)
+        except TypeError:
+            answers = ()
         if not answers or not all(isinstance(a, str) and a.strip() for a in answers):
             raise ProgrammingError(f"question {self.query!r}: answers must be a non-empty "
                                    f"list of non-empty strings, got {self.answers!r}")

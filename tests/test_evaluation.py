@@ -79,6 +79,8 @@ def test_questions_are_checked(tmp_path):
         Question("Salem is the capital of Oregon.", ("Oregon",))
     with pytest.raises(npmdb.ProgrammingError, match="non-empty list"):
         Question("Salem is in [MASK].", ())
+    with pytest.raises(npmdb.ProgrammingError, match="non-empty list"):
+        Question("Salem is in [MASK].", 3)
     with pytest.raises(npmdb.ProgrammingError, match="missing answers"):
         load_questions([{"query": "Salem is in [MASK]."}])
     with pytest.raises(npmdb.ProgrammingError, match="answer_ngram"):
