@@ -26,7 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import exact_match, load_jsonl, publish
+from npmdb.evaluation import exact_match
+
+from .common import load_jsonl, publish
 
 CODECS = ("float16", "int8", "pq", "pq48")
 

@@ -1,5 +1,5 @@
-"""Shared helpers for the benchmarks: data loading, result files; exact match is
-:mod:`npmdb.evaluation`'s (what ``npmdb eval`` reports)."""
+"""Shared helpers for the benchmarks: data loading, result files (exact match is
+:mod:`npmdb.evaluation`'s, what ``npmdb eval`` reports)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from npmdb.evaluation import exact_match, length_bucket as bucket, normalize_answer  # noqa: F401
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

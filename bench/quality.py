@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 
 from npmdb.arguments import parse_assignments
@@ -30,8 +29,7 @@ def evaluate_cloze(db, rows: list[dict], mode: str, *, max_len: int = 10, versio
     """``npmdb.evaluate`` of ``rows`` (top answer, exact match) as this report's dict."""
     ev = evaluate(db, rows, version=version, retrieval=mode, max_len=max_len, k=k,
                   progress=False, **(options or {}))
-    n_len = Counter(r.bucket for r in ev.results)
-    n_rel = Counter(r.relation for r in ev.results)
+    n_len, n_rel = ev.sizes("length"), ev.sizes("relation")
     return {"mode": mode, "n": ev.n, "em_macro": ev.length_macro,
             "em_relation_macro": ev.relation_macro, "em_micro": ev.micro,
             "by_length": {b: {"n": n_len[b], "em": em} for b, em in ev.by_length.items()},

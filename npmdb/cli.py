@@ -193,17 +193,14 @@ def cmd_eval(args) -> int:
                  [(e.version, e.generation, e.retrieval, f"{e.micro:.1f}",
                    f"{e.length_macro:.1f}", f"{e.relation_macro:.1f}", f"{e.seconds:.1f}")
                   for e in runs], sys.stdout)
-    for title, part in (("answer length (words)", "by_length"), ("relation", "by_relation")):
-        keys = sorted({k for e in runs for k in getattr(e, part)})
-        if len(keys) < 2:
+    for title, by in (("answer length (words)", "length"), ("relation", "relation")):
+        counts = runs[0].sizes(by)  # every run asks the same questions
+        if len(counts) < 2:
             continue
-        counts = {k: sum(1 for r in runs[0].results if (r.bucket if part == "by_length"
-                                                        else r.relation) == k) for k in keys}
         print()
         _print_table((title, "n") + tuple(f"v{e.version} {e.retrieval}" for e in runs),
-                     [(k or "(none)", counts[k]) + tuple(f"{getattr(e, part).get(k, 0.0):.1f}"
-                                                         for e in runs) for k in keys],
-                     sys.stdout)
+                     [(k or "(none)", n) + tuple(f"{getattr(e, f'by_{by}')[k]:.1f}" for e in runs)
+                      for k, n in counts.items()], sys.stdout)
     return 0
 
 

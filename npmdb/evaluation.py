@@ -165,6 +165,10 @@ class QuestionResult:
 COLUMNS = ("id", "query", "answers", "relation", "bucket", "predicted", "correct")
 
 
+#: ``Evaluation``'s groupings and the :class:`QuestionResult` field each reads.
+_GROUP_FIELDS = {"length": "bucket", "relation": "relation"}
+
+
 def _share(flags: Sequence[bool]) -> float:
     return 100.0 * sum(flags) / len(flags) if flags else 0.0
 
@@ -184,15 +188,21 @@ class Evaluation:
     def n(self) -> int:
         return len(self.results)
 
-    def _groups(self, key: str) -> dict[str, list[bool]]:
+    def _groups(self, by: str) -> dict[str, list[bool]]:
+        key = _GROUP_FIELDS[by]
         groups: dict[str, list[bool]] = defaultdict(list)
         for r in self.results:
             groups[getattr(r, key)].append(r.correct)
         return dict(sorted(groups.items()))
 
+    def sizes(self, by: str) -> dict[str, int]:
+        """How many questions each answer length (``by="length"``) or relation
+        (``by="relation"``) holds."""
+        return {g: len(v) for g, v in self._groups(by).items()}
+
     @property
     def by_length(self) -> dict[str, float]:
-        return {b: _share(v) for b, v in self._groups("bucket").items()}
+        return {b: _share(v) for b, v in self._groups("length").items()}
 
     @property
     def by_relation(self) -> dict[str, float]:
