@@ -40,4 +40,7 @@ def __getattr__(name: str):
     if name == "evaluate":
         from .evaluation import evaluate
         return evaluate
+    if name == "evaluation":  # npmdb.evaluation.compare(...) after a bare `import npmdb`
+        import importlib
+        return importlib.import_module(f"{__name__}.evaluation")
     raise AttributeError(f"module 'npmdb' has no attribute {name!r}")

@@ -170,7 +170,7 @@ def cmd_train(args) -> int:
 def cmd_eval(args) -> int:
     import npmdb
     from .arguments import parse_assignments
-    from .evaluation import load_questions
+    from .evaluation import compare, load_questions
 
     try:
         options = parse_assignments(args.option, "--option")
@@ -183,8 +183,16 @@ def cmd_eval(args) -> int:
         runs = [npmdb.evaluate(db, questions, version=v, retrieval=r, max_len=args.max_len,
                                progress=False if args.quiet else None, **options)
                 for v in versions for r in retrievals]
+    # each later version against the first one on the same retrieval; with one version,
+    # each retrieval against the first
+    base = {e.retrieval: e for e in runs[:len(retrievals)]} if len(versions) > 1 else \
+        {e.retrieval: runs[0] for e in runs}
+    comparisons = {id(e): compare(base[e.retrieval], e) for e in runs
+                   if e is not base[e.retrieval]}
     if args.json:
-        print(json.dumps([dict(e.summary(), questions=e.to_list() if args.questions_out else None)
+        print(json.dumps([dict(e.summary(), questions=e.to_list() if args.questions_out else None,
+                               comparison=comparisons[id(e)].summary()
+                               if id(e) in comparisons else None)
                           for e in runs], ensure_ascii=False, indent=1))
         return 0
     print(f"{len(questions)} questions from {args.questions}; exact match in %")
@@ -201,6 +209,10 @@ def cmd_eval(args) -> int:
         _print_table((title, "n") + tuple(f"v{e.version} {e.retrieval}" for e in runs),
                      [(k or "(none)", n) + tuple(f"{getattr(e, f'by_{by}')[k]:.1f}" for e in runs)
                       for k, n in counts.items()], sys.stdout)
+    for c in comparisons.values():
+        moved = ", ".join(f"{g or '(none)'} +{a} -{b}" for g, (a, b) in c.by_relation().items())
+        print(f"\n{c}" + (f"\n  questions gained / lost by relation: {moved}"
+                           if moved and len(runs[0].sizes("relation")) > 1 else ""))
     return 0
 
 

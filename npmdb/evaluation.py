@@ -14,12 +14,20 @@ normalisation (lower case, no punctuation or articles, white space folded), repo
 micro-averaged, macro-averaged over answer lengths 1, 2, 3 and 4+ words, and
 macro-averaged over the questions' ``relation`` groups (one group when none is given).
 ``bench/quality.py`` scores the bundled evaluation sets with the same functions.
+
+Whether a difference between two versions is more than noise: :func:`compare` pairs the
+two evaluations question by question (which questions one got right and the other not)
+and gives McNemar's exact test on those, as a few hundred questions move a point or two
+between any two runs::
+
+    print(npmdb.evaluation.compare(before, after))
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import math
 import re
 import string
 import time
@@ -35,8 +43,9 @@ from .query.text import split_mask
 if TYPE_CHECKING:  # pragma: no cover
     from .database import Database
 
-__all__ = ["Question", "QuestionResult", "Evaluation", "load_questions", "evaluate",
-           "normalize_answer", "exact_match", "length_bucket", "COLUMNS"]
+__all__ = ["Question", "QuestionResult", "Evaluation", "Comparison", "load_questions",
+           "evaluate", "compare", "mcnemar_exact", "normalize_answer", "exact_match",
+           "length_bucket", "COLUMNS"]
 
 _PUNCT = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -283,3 +292,85 @@ def evaluate(db: "Database", questions: str | Path | Iterable[Mapping[str, Any] 
     return Evaluation(version=int(ver), generation=int(gen), retrieval=retrieval,
                       options=dict(options, max_len=max_len), results=tuple(results),
                       seconds=time.perf_counter() - t0)
+
+
+def mcnemar_exact(gained: int, lost: int) -> float:
+    """Two-sided exact McNemar p-value: the chance, were both versions equally good, of a
+    split of the ``gained + lost`` discordant questions at least this uneven (a binomial
+    test at one half). 1.0 when no question differs."""
+    if gained < 0 or lost < 0:
+        raise ProgrammingError(f"gained and lost are counts of questions, got {gained}, {lost}")
+    n = gained + lost
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(gained, lost) + 1))
+    return min(1.0, 2 * tail / 2 ** n)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Two evaluations of the same questions, paired question by question.
+
+    ``gained``: questions ``after`` answers right and ``before`` wrong; ``lost``: the
+    reverse; ``p_value``: McNemar's exact test on those (:func:`mcnemar_exact`)."""
+
+    before: Evaluation
+    after: Evaluation
+    gained: tuple[QuestionResult, ...]
+    lost: tuple[QuestionResult, ...]
+
+    @property
+    def n(self) -> int:
+        return self.before.n
+
+    @property
+    def delta(self) -> float:
+        """``after.micro - before.micro``, in points."""
+        return self.after.micro - self.before.micro
+
+    @property
+    def p_value(self) -> float:
+        return mcnemar_exact(len(self.gained), len(self.lost))
+
+    def significant(self, alpha: float = 0.05) -> bool:
+        """Whether the split of gained and lost questions is unlikely under no difference."""
+        return self.p_value < alpha
+
+    def by_relation(self) -> dict[str, tuple[int, int]]:
+        """Each relation's (gained, lost) question counts, for the relations that moved."""
+        out: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        for i, moved in enumerate((self.gained, self.lost)):
+            for r in moved:
+                out[r.relation][i] += 1
+        return {g: (v[0], v[1]) for g, v in sorted(out.items())}
+
+    def summary(self) -> dict[str, Any]:
+        return dict(before=_label(self.before), after=_label(self.after), n=self.n,
+                    delta=self.delta, gained=len(self.gained), lost=len(self.lost),
+                    p_value=self.p_value,
+                    by_relation={g: {"gained": a, "lost": b}
+                                 for g, (a, b) in self.by_relation().items()})
+
+    def __str__(self) -> str:
+        verdict = ("unlikely to be chance" if self.significant() else
+                   "could be chance on this many questions")
+        return (f"{_label(self.after)} against {_label(self.before)}: {self.delta:+.1f} points "
+                f"micro; {len(self.gained)} of {self.n} questions gained, {len(self.lost)} "
+                f"lost (exact McNemar p = {self.p_value:.2g}: {verdict})")
+
+
+def _label(e: Evaluation) -> str:
+    return f"version {e.version} {e.retrieval}"
+
+
+def compare(before: Evaluation, after: Evaluation) -> Comparison:
+    """Pair two evaluations of the same questions (in the same order): which questions
+    ``after`` gains and loses against ``before``."""
+    if [(r.id, r.query) for r in before.results] != [(r.id, r.query) for r in after.results]:
+        raise ProgrammingError("compare needs two evaluations of the same questions in the "
+                               f"same order ({before.n} and {after.n} questions, or different "
+                               "ones): evaluate one question list at both versions")
+    pairs = list(zip(before.results, after.results))
+    return Comparison(before=before, after=after,
+                      gained=tuple(a for b, a in pairs if a.correct and not b.correct),
+                      lost=tuple(a for b, a in pairs if b.correct and not a.correct))

@@ -6,12 +6,15 @@ checked against plain ``fill_mask`` calls."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
 import npmdb
 from npmdb.cli import main
-from npmdb.evaluation import Question, exact_match, load_questions, normalize_answer
+from npmdb.evaluation import (Question, compare, exact_match, load_questions, mcnemar_exact,
+                              normalize_answer)
 
 DOCS = [
     {"id": "salem", "title": "Salem", "text": "Salem: Oregon"},
@@ -74,6 +77,45 @@ def test_figures_per_version(planted):
     assert before.to_arrow().num_rows == 4
 
 
+def test_mcnemar_exact():
+    assert mcnemar_exact(0, 0) == 1.0
+    assert mcnemar_exact(5, 5) == 1.0 and mcnemar_exact(1, 0) == 1.0
+    assert mcnemar_exact(10, 0) == pytest.approx(2 / 1024)
+    assert mcnemar_exact(6, 1) == pytest.approx(2 * (1 + 7) / 128)
+    assert mcnemar_exact(1, 6) == mcnemar_exact(6, 1)
+    # large counts stay exact (integer arithmetic, no underflow)
+    assert mcnemar_exact(600, 400) == pytest.approx(2.73e-10, rel=0.01)
+    with pytest.raises(npmdb.ProgrammingError, match="counts"):
+        mcnemar_exact(-1, 2)
+
+
+def test_compare_pairs_questions(planted):
+    with npmdb.open(planted, progress=False) as db:
+        before = npmdb.evaluate(db, QUESTIONS, version=1)
+        after = npmdb.evaluate(db, QUESTIONS)
+        fewer = npmdb.evaluate(db, QUESTIONS[:3])
+    c = compare(before, after)
+    assert [r.id for r in c.lost] == ["q1"] and c.gained == ()
+    assert c.delta == pytest.approx(-25.0) and c.n == 4
+    assert c.p_value == 1.0 and not c.significant()
+    assert c.by_relation() == {"capital": (0, 1)}
+    assert c.summary()["by_relation"] == {"capital": {"gained": 0, "lost": 1}}
+    assert "version 2 bm25 against version 1 bm25: -25.0 points" in str(c)
+    assert "0 of 4 questions gained, 1 lost" in str(c)
+    back = compare(after, before)
+    assert [r.id for r in back.gained] == ["q1"] and back.lost == ()
+    with pytest.raises(npmdb.ProgrammingError, match="same questions"):
+        compare(before, fewer)
+
+
+def test_evaluation_module_reachable_from_bare_import():
+    # in a fresh interpreter: here the tests' own imports have loaded the module already
+    out = subprocess.run([sys.executable, "-c", "import npmdb; print(npmdb.evaluation.compare"
+                          ".__name__)"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "compare"
+
+
 def test_questions_are_checked(tmp_path):
     with pytest.raises(npmdb.ProgrammingError, match="exactly one mask"):
         Question("Salem is the capital of Oregon.", ("Oregon",))
@@ -119,11 +161,19 @@ def test_cli_compares_versions(planted, tmp_path, capsys):
                  "-q"]) == 0
     out = capsys.readouterr().out
     assert "4 questions" in out and "relation-macro" in out and "located_in" in out
+    assert "version 2 bm25 against version 1 bm25: -25.0 points" in out
+    assert "by relation: capital +0 -1" in out
     assert main(["eval", str(planted), str(qfile), "--version", "1", "--json",
                  "--questions-out", "-q"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got[0]["micro"] == pytest.approx(50.0) and got[0]["version"] == 1
     assert [q["predicted"] for q in got[0]["questions"]] == ["Oregon", "Greece", "Peru", "Norway"]
+    assert got[0]["comparison"] is None
+    assert main(["eval", str(planted), str(qfile), "--version", "1", "--version", "2",
+                 "--json", "-q"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got[0]["comparison"] is None and got[1]["questions"] is None
+    assert got[1]["comparison"]["lost"] == 1 and got[1]["comparison"]["p_value"] == 1.0
     assert main(["eval", str(planted), str(qfile), "--option", "blocks"]) == 2
     assert "NAME=VALUE" in capsys.readouterr().err
     qfile.write_text('{"query": "no mask here", "answers": ["x"]}\n')
