@@ -170,7 +170,7 @@ def cmd_train(args) -> int:
 def cmd_eval(args) -> int:
     import npmdb
     from .arguments import parse_assignments
-    from .evaluation import compare, load_questions
+    from .evaluation import load_questions
 
     try:
         options = parse_assignments(args.option, "--option")
@@ -183,12 +183,7 @@ def cmd_eval(args) -> int:
         runs = [npmdb.evaluate(db, questions, version=v, retrieval=r, max_len=args.max_len,
                                progress=False if args.quiet else None, **options)
                 for v in versions for r in retrievals]
-    # each later version against the first one on the same retrieval; with one version,
-    # each retrieval against the first
-    base = {e.retrieval: e for e in runs[:len(retrievals)]} if len(versions) > 1 else \
-        {e.retrieval: runs[0] for e in runs}
-    comparisons = {id(e): compare(base[e.retrieval], e) for e in runs
-                   if e is not base[e.retrieval]}
+    comparisons = _comparisons(runs, len(versions), len(retrievals))
     if args.json:
         print(json.dumps([dict(e.summary(), questions=e.to_list() if args.questions_out else None,
                                comparison=comparisons[id(e)].summary()
@@ -196,6 +191,23 @@ def cmd_eval(args) -> int:
                           for e in runs], ensure_ascii=False, indent=1))
         return 0
     print(f"{len(questions)} questions from {args.questions}; exact match in %")
+    _print_evaluations(runs, comparisons)
+    return 0
+
+
+def _comparisons(runs, n_versions: int, n_retrievals: int) -> dict:
+    """Each later version against the first on the same retrieval (runs are ordered by
+    version, then retrieval); with one version, each retrieval against the first."""
+    from .evaluation import compare
+
+    base = {e.retrieval: e for e in runs[:n_retrievals]} if n_versions > 1 else \
+        {e.retrieval: runs[0] for e in runs}
+    return {id(e): compare(base[e.retrieval], e) for e in runs if e is not base[e.retrieval]}
+
+
+def _print_evaluations(runs, comparisons: dict, *, groups: bool = True) -> None:
+    """The figures of ``runs`` (one row each), per answer length and relation when
+    ``groups``, and each comparison's questions gained and lost."""
     _print_table(("version", "gen", "retrieval", "micro", "length-macro", "relation-macro",
                   "seconds"),
                  [(e.version, e.generation, e.retrieval, f"{e.micro:.1f}",
@@ -203,7 +215,7 @@ def cmd_eval(args) -> int:
                   for e in runs], sys.stdout)
     for title, by in (("answer length (words)", "length"), ("relation", "relation")):
         counts = runs[0].sizes(by)  # every run asks the same questions
-        if len(counts) < 2:
+        if not groups or len(counts) < 2:
             continue
         print()
         _print_table((title, "n") + tuple(f"v{e.version} {e.retrieval}" for e in runs),
@@ -213,7 +225,6 @@ def cmd_eval(args) -> int:
         moved = ", ".join(f"{g or '(none)'} +{a} -{b}" for g, (a, b) in c.by_relation().items())
         print(f"\n{c}" + (f"\n  questions gained / lost by relation: {moved}"
                            if moved and len(runs[0].sizes("relation")) > 1 else ""))
-    return 0
 
 
 def cmd_check(args) -> int:
@@ -253,13 +264,29 @@ def cmd_demo(args) -> int:
                 res = db.fill_mask(q, retrieval=retrieval, top=3)
                 print(q)
                 _print_result(res, evidence=retrieval == "bm25")
+        # How often the top answer is right, on the sample's questions with known answers
+        # (what `npmdb eval` reports), so the answers above can be read for what they are.
+        cloze_path = sample_path("cloze.jsonl")
+        try:  # as a user would type it, where the package sits below the working directory
+            cloze_path = cloze_path.relative_to(Path.cwd())
+        except ValueError:
+            pass
+        print(f"\n== how often is the top answer right? the sample's questions with known "
+              f"answers (`npmdb eval {path} {cloze_path}`) ==")
+        runs = [npmdb.evaluate(db, cloze_path, retrieval=r, progress=not args.quiet)
+                for r in ("bm25", "dense")]
+        print(f"{runs[0].n} cloze questions, exact match in %:")
+        _print_evaluations(runs, {}, groups=False)
         name = db.encoder.info.name
         if name == enc_names.BASE_NAME:
             print("\nAn untrained sentence encoder ranks poorly; train it with "
                   f"`npmdb train {path} --preset demo` (about 7 minutes on 2 cores; see README).")
         elif name == enc_names.SHIPPED_NAME:
             print(f"\nEncoder {name}: npmdb's shipped encoder (MiniLM trained with npmdb.train; "
-                  "see README). `npmdb train DB --preset demo` fine-tunes it on a database's own "
+                  "see README). Ask with retrieval=bm25 (the default of `npmdb eval`; NPM's BM25 "
+                  "blocks): dense retrieval alone finds answers of the right kind (an island "
+                  "group for an island group) but rarely the right one with an encoder this "
+                  "small. `npmdb train DB --preset demo` fine-tunes it on a database's own "
                   "corpus; measure before you keep it (`npmdb eval DB QUESTIONS.jsonl --version 1 "
                   "--version 2`): on this sample corpus and on dev it adds no bm25 points and "
                   "loses translation (README, Training).")

@@ -276,8 +276,8 @@ def evaluate(db: "Database", questions: str | Path | Iterable[Mapping[str, Any] 
     results = []
     ver = gen = None
     t0 = time.perf_counter()
-    bar = progress_bar(len(qs), f"evaluating version {version if version is not None else 'HEAD'}",
-                       progress, unit="q")
+    bar = progress_bar(len(qs), f"evaluating version {version if version is not None else 'HEAD'}"
+                       f" ({retrieval})", progress, unit="q")
     try:
         for q in qs:
             res = db.fill_mask(q.query, top=1, evidence=0, retrieval=retrieval,

@@ -189,3 +189,24 @@ def test_real_encoder_matches_fill_mask(real_db, sample_cloze):
         assert r.predicted == (top.text if top else None)
         assert r.correct == exact_match(r.predicted, q["answers"])
     assert ev.micro == pytest.approx(100.0 * sum(r.correct for r in ev.results) / len(qs))
+
+
+@pytest.mark.slow
+def test_demo_reports_how_often_it_is_right(real_db_path, tmp_path, capsys):
+    """`npmdb demo` (the README's first command) on a database that already holds part of
+    the sample: it answers its queries both ways, then scores the bundled cloze questions
+    as `npmdb eval` does and says which retrieval to ask with."""
+    import shutil
+
+    path = tmp_path / "demo.npmdb"
+    shutil.copytree(real_db_path, path)
+    assert main(["demo", str(path), "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "using the existing database" in out
+    assert "== retrieval=bm25" in out and "== retrieval=dense" in out
+    assert "Salem is the capital of [MASK]." in out
+    assert "how often is the top answer right?" in out and "365 cloze questions" in out
+    rows = [line.split() for line in out.splitlines() if line.startswith("1 ")]
+    assert [r[2] for r in rows] == ["bm25", "dense"]
+    assert all(0.0 <= float(r[3]) <= 100.0 for r in rows)
+    assert "Ask with retrieval=bm25" in out
