@@ -157,13 +157,23 @@ def cmd_tag(args) -> int:
 def cmd_train(args) -> int:
     import npmdb
 
+    from .evaluation import keep_if_better, load_questions
+
+    # read the questions first: a bad file is an error before an hour of training
+    questions = load_questions(args.keep_if_better) if args.keep_if_better else None
     with npmdb.open(args.db, create=False, progress=not args.quiet) as db:
+        before = db.version
         report = npmdb.train(db, steps=args.steps, batch_blocks=args.batch_blocks, lr=args.lr,
                              objective=args.objective, refresh_every=args.refresh_every,
                              seed=args.seed, preset=args.preset, resume=args.resume,
                              threads=args.threads, max_seconds=args.max_seconds,
                              reverse_pairs=args.reverse_pairs)
         print(report)
+        if questions is not None and report.versions:
+            decision = keep_if_better(db, questions, before=before, trained=report.versions,
+                                      retrieval=args.eval_retrieval,
+                                      progress=False if args.quiet else None)
+            print(f"\non {args.keep_if_better}:\n{decision}")
     return 0
 
 
@@ -288,8 +298,9 @@ def cmd_demo(args) -> int:
                   "group for an island group) but rarely the right one with an encoder this "
                   "small. `npmdb train DB --preset demo` fine-tunes it on a database's own "
                   "corpus; measure before you keep it (`npmdb eval DB QUESTIONS.jsonl --version 1 "
-                  "--version 2`): on this sample corpus and on dev it adds no bm25 points and "
-                  "loses translation (README, Training).")
+                  "--version 2`, or train with `--keep-if-better QUESTIONS.jsonl`): on this "
+                  "sample corpus and on dev it adds no bm25 points and loses translation "
+                  "(README, Training).")
         else:
             print(f"\nEncoder {name}.")
     return 0
@@ -396,6 +407,13 @@ def build_parser() -> argparse.ArgumentParser:
                          "final version at the step reached (--resume continues it)")
     tr.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--keep-if-better", metavar="QUESTIONS", default=None,
+                    help="questions with known answers (as `npmdb eval` reads): after training, "
+                         "keep the trained version as HEAD only if it answers more of them "
+                         "than the version before; otherwise restore that one (the trained "
+                         "version stays readable)")
+    tr.add_argument("--eval-retrieval", default="bm25", choices=("bm25", "dense", "hybrid"),
+                    help="the retrieval --keep-if-better asks with (bm25)")
     tr.add_argument("-q", "--quiet", action="store_true")
     tr.set_defaults(fn=cmd_train)
 

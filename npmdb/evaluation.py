@@ -21,6 +21,11 @@ and gives McNemar's exact test on those, as a few hundred questions move a point
 between any two runs::
 
     print(npmdb.evaluation.compare(before, after))
+
+:func:`keep_if_better` makes the comparison the rule after a training run (``npmdb train
+--keep-if-better QUESTIONS``): the trained version stays HEAD only if it answers more of
+the questions; otherwise a new version restores the one before training (the trained one
+stays readable with ``AS OF``).
 """
 
 from __future__ import annotations
@@ -43,9 +48,9 @@ from .query.text import split_mask
 if TYPE_CHECKING:  # pragma: no cover
     from .database import Database
 
-__all__ = ["Question", "QuestionResult", "Evaluation", "Comparison", "load_questions",
-           "evaluate", "compare", "mcnemar_exact", "normalize_answer", "exact_match",
-           "length_bucket", "COLUMNS"]
+__all__ = ["Question", "QuestionResult", "Evaluation", "Comparison", "Decision",
+           "load_questions", "evaluate", "compare", "keep_if_better", "mcnemar_exact",
+           "normalize_answer", "exact_match", "length_bucket", "COLUMNS"]
 
 _PUNCT = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -374,3 +379,55 @@ def compare(before: Evaluation, after: Evaluation) -> Comparison:
     return Comparison(before=before, after=after,
                       gained=tuple(a for b, a in pairs if a.correct and not b.correct),
                       lost=tuple(a for b, a in pairs if b.correct and not a.correct))
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What :func:`keep_if_better` did: ``kept`` (HEAD is the trained version) or a new
+    version ``restored_as`` equal to the version before training; ``reason`` in words."""
+
+    comparison: Comparison
+    kept: bool
+    restored_as: int | None
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.comparison}\n{self.reason}"
+
+
+def keep_if_better(db: "Database", questions: str | Path | Iterable[Mapping[str, Any] | Question],
+                   *, before: int, trained: Sequence[int], retrieval: str = "bm25",
+                   max_len: int = 10, progress: bool | None = None,
+                   **options: Any) -> Decision:
+    """Keep a training run's version as HEAD only if it answers ``questions`` better.
+
+    ``before``: HEAD's version id before training; ``trained``: the versions the run
+    committed (``TrainReport.versions``). The two are evaluated (exact match, micro, on
+    ``retrieval``); unless HEAD's is higher, a new version restores ``before`` (its
+    documents and embedding generation; nothing is copied or deleted, and the trained
+    version stays readable). When a version that is not the run's was committed after
+    ``before`` (another writer), nothing is restored: that would undo its change."""
+    trained = tuple(int(v) for v in trained)
+    if not trained:
+        raise ProgrammingError("keep_if_better needs the versions the training committed "
+                               "(TrainReport.versions); this run committed none")
+    qs = load_questions(questions)
+    head = db.version
+    kw = dict(retrieval=retrieval, max_len=max_len, progress=progress, **options)
+    c = compare(evaluate(db, qs, version=before, **kw), evaluate(db, qs, **kw))
+    if c.after.micro > c.before.micro:
+        return Decision(c, True, None, f"kept version {head}: it answers more of the "
+                        f"{c.n} questions than version {before}")
+    others = [v["id"] for v in db.versions() if v["id"] > before and v["id"] not in trained]
+    if others:
+        return Decision(c, True, None, (
+            f"kept version {head} although it answers no more of the questions than version "
+            f"{before}: version(s) {', '.join(map(str, others))} were committed after "
+            f"{before} by something other than this training run, and a restore would undo "
+            f"them; db.restore({before}) restores it by hand"))
+    restored = db.restore(before, message=(
+        f"kept version {before}: the trained version {head} answers {c.after.micro:.1f} % "
+        f"of {c.n} questions ({c.before.micro:.1f} % before)"))
+    return Decision(c, False, restored, (
+        f"restored: version {restored} equals version {before} (HEAD before training); "
+        f"the trained version {head} stays readable (AS OF {head})"))

@@ -13,8 +13,8 @@ import pytest
 
 import npmdb
 from npmdb.cli import main
-from npmdb.evaluation import (Question, compare, exact_match, load_questions, mcnemar_exact,
-                              normalize_answer)
+from npmdb.evaluation import (Question, compare, exact_match, keep_if_better, load_questions,
+                              mcnemar_exact, normalize_answer)
 
 DOCS = [
     {"id": "salem", "title": "Salem", "text": "Salem: Oregon"},
@@ -114,6 +114,53 @@ def test_evaluation_module_reachable_from_bare_import():
                           ".__name__)"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "compare"
+
+
+def test_keep_if_better(planted):
+    with npmdb.open(planted, progress=False) as db:
+        # "training" made version 2 (Salem's entry gone: 25 % against 50 %): restored
+        d = keep_if_better(db, QUESTIONS, before=1, trained=[2], progress=False)
+        assert not d.kept and d.restored_as == 3 == db.version
+        assert "restored: version 3 equals version 1" in str(d) and "AS OF 2" in str(d)
+        assert npmdb.evaluate(db, QUESTIONS, progress=False).micro == pytest.approx(50.0)
+        assert db.versions()[-1]["message"].startswith("kept version 1: the trained version 2")
+        # version 3 answers more than version 2: kept, nothing committed
+        d = keep_if_better(db, QUESTIONS, before=2, trained=[3], progress=False)
+        assert d.kept and d.restored_as is None and db.version == 3
+        assert d.comparison.delta == pytest.approx(25.0)
+        # no better, but version 3 came from elsewhere: restoring 2 would undo it
+        db.delete("salem")
+        d = keep_if_better(db, QUESTIONS, before=2, trained=[4], progress=False)
+        assert d.kept and d.restored_as is None and db.version == 4
+        assert "version(s) 3 were committed after 2" in d.reason
+        with pytest.raises(npmdb.ProgrammingError, match="committed none"):
+            keep_if_better(db, QUESTIONS, before=3, trained=[])
+
+
+def test_cli_train_keep_if_better(tiny_db_path, sample_cloze, tmp_path, capsys):
+    import shutil
+
+    path = tmp_path / "db"
+    shutil.copytree(tiny_db_path, path)
+    with npmdb.open(path, progress=False) as db:
+        start = db.version
+    qfile = tmp_path / "questions.jsonl"
+    qfile.write_text("".join(json.dumps(q) + "\n" for q in sample_cloze[:15]))
+    # a bad question file stops before any training
+    assert main(["train", str(path), "--steps", "2", "--keep-if-better",
+                 str(tmp_path / "missing.jsonl"), "-q"]) == 2
+    assert "no question file" in capsys.readouterr().err
+    assert main(["train", str(path), "--steps", "2", "--batch-blocks", "8",
+                 "--keep-if-better", str(qfile), "-q"]) == 0
+    out = capsys.readouterr().out
+    assert f"on {qfile}:" in out and "15 questions" in out
+    with npmdb.open(path, progress=False) as db:
+        trained = start + 1
+        if "restored: version" in out:  # HEAD is the version before training again
+            assert db.version == trained + 1 and db.stats()["generation"] == 0
+        else:
+            assert f"kept version {trained}" in out
+            assert db.version == trained and db.stats()["generation"] == 1
 
 
 def test_questions_are_checked(tmp_path):
