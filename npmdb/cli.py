@@ -174,6 +174,8 @@ def cmd_train(args) -> int:
                                       retrieval=args.eval_retrieval,
                                       progress=False if args.quiet else None)
             print(f"\non {args.keep_if_better}:\n{decision}")
+        elif questions is not None:
+            print("\nthis run wrote no version: nothing to compare, HEAD unchanged")
     return 0
 
 
