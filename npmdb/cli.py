@@ -412,8 +412,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--keep-if-better", metavar="QUESTIONS", default=None,
                     help="questions with known answers (as `npmdb eval` reads): after training, "
                          "keep the trained version as HEAD only if it answers more of them "
-                         "than the version before; otherwise restore that one (the trained "
-                         "version stays readable)")
+                         "than HEAD when this call started; otherwise restore that one (the "
+                         "trained version stays readable)")
     tr.add_argument("--eval-retrieval", default="bm25", choices=("bm25", "dense", "hybrid"),
                     help="the retrieval --keep-if-better asks with (bm25)")
     tr.add_argument("-q", "--quiet", action="store_true")
