@@ -1,5 +1,5 @@
-"""The ``npmdb`` command line: add, query, sql, shell, serve, search, versions, tag, train,
-eval, check, demo."""
+"""The ``npmdb`` command line: add, query, sql, shell, serve, search, versions, tag, restore,
+train, eval, check, demo."""
 
 from __future__ import annotations
 
@@ -151,6 +151,17 @@ def cmd_tag(args) -> int:
     with npmdb.open(args.db, create=False, progress=False) as db:
         vid = db.tag(args.name, args.version)
         print(f"tagged version {vid} as {args.name!r}")
+    return 0
+
+
+def cmd_restore(args) -> int:
+    import npmdb
+
+    ref = int(args.version) if args.version.isdigit() else args.version
+    with npmdb.open(args.db, create=False, progress=False) as db:
+        vid = db.restore(ref, message=args.message)
+        print(f"restored: version {vid} equals version {args.version} (nothing copied; "
+              f"every older version stays readable)")
     return 0
 
 
@@ -385,6 +396,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("name")
     t.add_argument("--version", default=None)
     t.set_defaults(fn=cmd_tag)
+
+    rs = sub.add_parser("restore", help="commit a new version equal to an older one")
+    rs.add_argument("db")
+    rs.add_argument("version", help="version id or tag")
+    rs.add_argument("--message", default="")
+    rs.set_defaults(fn=cmd_restore)
 
     tr = sub.add_parser("train", help="train the encoder with NPM's objective; refresh embeddings")
     tr.add_argument("db")

@@ -424,7 +424,7 @@ def keep_if_better(db: "Database", questions: str | Path | Iterable[Mapping[str,
             f"kept version {head} although it answers no more of the questions than version "
             f"{before}: version(s) {', '.join(map(str, others))} were committed after "
             f"{before} by something other than this training run, and a restore would undo "
-            f"them; db.restore({before}) restores it by hand"))
+            f"them; `npmdb restore DB {before}` (db.restore({before})) restores it by hand"))
     restored = db.restore(before, message=(
         f"kept version {before}: the trained version {head} answers {c.after.micro:.1f} % "
         f"of {c.n} questions ({c.before.micro:.1f} % before)"))

@@ -137,6 +137,21 @@ def test_keep_if_better(planted):
             keep_if_better(db, QUESTIONS, before=3, trained=[])
 
 
+def test_cli_restore(planted, capsys):
+    assert main(["restore", str(planted), "1", "--message", "back to four entries"]) == 0
+    assert "restored: version 3 equals version 1" in capsys.readouterr().out
+    with npmdb.open(planted, progress=False) as db:
+        assert db.version == 3 and db.get("salem") is not None
+        assert db.versions()[-1]["message"] == "back to four entries"
+        db.tag("before", 2)
+    assert main(["restore", str(planted), "before"]) == 0
+    assert "equals version before" in capsys.readouterr().out
+    assert main(["restore", str(planted), "99"]) == 2
+    assert "99" in capsys.readouterr().err
+    with npmdb.open(planted, progress=False) as db:
+        assert db.version == 4 and db.get("salem") is None
+
+
 def test_cli_train_keep_if_better(tiny_db_path, sample_cloze, tmp_path, capsys):
     import shutil
 
