@@ -225,6 +225,9 @@ def test_cli_compares_versions(planted, tmp_path, capsys):
     assert "4 questions" in out and "relation-macro" in out and "located_in" in out
     assert "version 2 bm25 against version 1 bm25: -25.0 points" in out
     assert "by relation: capital +0 -1" in out
+    # one version, two retrievals: the second against the first
+    assert main(["eval", str(planted), str(qfile), "--retrieval", "bm25,dense", "-q"]) == 0
+    assert "version 2 dense against version 2 bm25" in capsys.readouterr().out
     assert main(["eval", str(planted), str(qfile), "--version", "1", "--json",
                  "--questions-out", "-q"]) == 0
     got = json.loads(capsys.readouterr().out)
