@@ -157,9 +157,8 @@ def cmd_tag(args) -> int:
 def cmd_restore(args) -> int:
     import npmdb
 
-    ref = int(args.version) if args.version.isdigit() else args.version
     with npmdb.open(args.db, create=False, progress=False) as db:
-        vid = db.restore(ref, message=args.message)
+        vid = db.restore(args.version, message=args.message)  # an id or a tag
         print(f"restored: version {vid} equals version {args.version} (nothing copied; "
               f"every older version stays readable)")
     return 0
@@ -209,26 +208,26 @@ def cmd_eval(args) -> int:
     comparisons = _comparisons(runs, len(versions), len(retrievals))
     if args.json:
         print(json.dumps([dict(e.summary(), questions=e.to_list() if args.questions_out else None,
-                               comparison=comparisons[id(e)].summary()
-                               if id(e) in comparisons else None)
-                          for e in runs], ensure_ascii=False, indent=1))
+                               comparison=c.summary() if c else None)
+                          for e, c in zip(runs, comparisons)], ensure_ascii=False, indent=1))
         return 0
     print(f"{len(questions)} questions from {args.questions}; exact match in %")
     _print_evaluations(runs, comparisons)
     return 0
 
 
-def _comparisons(runs, n_versions: int, n_retrievals: int) -> dict:
-    """Each later version against the first on the same retrieval (runs are ordered by
-    version, then retrieval); with one version, each retrieval against the first."""
+def _comparisons(runs, n_versions: int, n_retrievals: int) -> list:
+    """For each run, its comparison against its base (None for a base): each later version
+    against the first on the same retrieval (runs are ordered by version, then retrieval);
+    with one version, each retrieval against the first."""
     from .evaluation import compare
 
     base = {e.retrieval: e for e in runs[:n_retrievals]} if n_versions > 1 else \
         {e.retrieval: runs[0] for e in runs}
-    return {id(e): compare(base[e.retrieval], e) for e in runs if e is not base[e.retrieval]}
+    return [None if e is base[e.retrieval] else compare(base[e.retrieval], e) for e in runs]
 
 
-def _print_evaluations(runs, comparisons: dict, *, groups: bool = True) -> None:
+def _print_evaluations(runs, comparisons=(), *, groups: bool = True) -> None:
     """The figures of ``runs`` (one row each), per answer length and relation when
     ``groups``, and each comparison's questions gained and lost."""
     _print_table(("version", "gen", "retrieval", "micro", "length-macro", "relation-macro",
@@ -244,10 +243,11 @@ def _print_evaluations(runs, comparisons: dict, *, groups: bool = True) -> None:
         _print_table((title, "n") + tuple(f"v{e.version} {e.retrieval}" for e in runs),
                      [(k or "(none)", n) + tuple(f"{getattr(e, f'by_{by}')[k]:.1f}" for e in runs)
                       for k, n in counts.items()], sys.stdout)
-    for c in comparisons.values():
+    several_relations = len(runs[0].sizes("relation")) > 1
+    for c in filter(None, comparisons):
         moved = ", ".join(f"{g or '(none)'} +{a} -{b}" for g, (a, b) in c.by_relation().items())
         print(f"\n{c}" + (f"\n  questions gained / lost by relation: {moved}"
-                           if moved and len(runs[0].sizes("relation")) > 1 else ""))
+                           if moved and several_relations else ""))
 
 
 def cmd_check(args) -> int:
@@ -299,7 +299,7 @@ def cmd_demo(args) -> int:
         runs = [npmdb.evaluate(db, cloze_path, retrieval=r, progress=not args.quiet)
                 for r in ("bm25", "dense")]
         print(f"{runs[0].n} cloze questions, exact match in %:")
-        _print_evaluations(runs, {}, groups=False)
+        _print_evaluations(runs, groups=False)
         name = db.encoder.info.name
         if name == enc_names.BASE_NAME:
             print("\nAn untrained sentence encoder ranks poorly; train it with "
