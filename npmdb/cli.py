@@ -306,8 +306,8 @@ def cmd_demo(args) -> int:
                   f"`npmdb train {path} --preset demo` (about 7 minutes on 2 cores; see README).")
         elif name == enc_names.SHIPPED_NAME:
             print(f"\nEncoder {name}: npmdb's shipped encoder (MiniLM trained with npmdb.train; "
-                  "see README). Ask with retrieval=bm25 (the default of `npmdb eval`; NPM's BM25 "
-                  "blocks): dense retrieval alone finds answers of the right kind (an island "
+                  "see README). Queries retrieve BM25 blocks by default (NPM's restricted mode; "
+                  "`npmdb query`, `fill_mask` and `npmdb eval` alike): dense retrieval alone finds answers of the right kind (an island "
                   "group for an island group) but rarely the right one with an encoder this "
                   "small. `npmdb train DB --preset demo` fine-tunes it on a database's own "
                   "corpus; measure before you keep it (`npmdb eval DB QUESTIONS.jsonl --version 1 "
@@ -343,7 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--top", type=int, default=5)
     q.add_argument("-k", type=int, default=DEFAULT_K)
     q.add_argument("--mode", default="phrase", choices=("phrase", "token"))
-    q.add_argument("--retrieval", default="dense", choices=("dense", "bm25", "hybrid"))
+    q.add_argument("--retrieval", default=None, choices=("bm25", "dense", "hybrid"),
+                   help="bm25 (default; dense with --exact), dense or hybrid")
     q.add_argument("--blocks", type=int, default=3)
     q.add_argument("--max-len", type=int, default=10)
     q.add_argument("--tau", type=float, default=1.0)

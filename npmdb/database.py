@@ -305,11 +305,14 @@ class Database:
     # -- queries -------------------------------------------------------------------------
 
     def fill_mask(self, query: str, *, top: int = 5, k: int = DEFAULT_K, mode: str = "phrase",
-                  retrieval: str = "dense", blocks: int = 3, max_len: int = 10,
+                  retrieval: str | None = None, blocks: int = 3, max_len: int = 10,
                   tau: float = 1.0, alpha: float = 0.0, exact: bool = False,
                   **options: Any) -> Result:
         """Fill the single ``[MASK]`` in ``query`` with phrases retrieved from the corpus.
 
+        ``retrieval``: ``"bm25"`` (the default: every token of the top ``blocks`` BM25
+        blocks is a candidate), ``"dense"`` (top-``k`` starts and ends over the whole
+        corpus; the default when ``exact=True``) or ``"hybrid"``.
         See DESIGN.md section 1. Extra options: ``scoring`` ('npm' | 'raw'), ``group_by``
         ('phrase' | 'tokens' | 'document' | 'word'), ``clean_edges``, ``no_stopwords``,
         ``evidence`` (occurrences kept per answer), ``offset``, ``version`` (AS OF).

@@ -23,7 +23,7 @@ from .logical import (
     Retrieve, Score, _sql,
 )
 from .printer import expr_to_sql
-from .spec import GROUPS, MODES, SCORINGS, ClassifySpec, MaskedSpec
+from .spec import GROUPS, MODES, SCORINGS, ClassifySpec, MaskedSpec, masked_retrieval
 
 __all__ = ["build"]
 
@@ -31,6 +31,11 @@ __all__ = ["build"]
 
 def _fail(text: str, node: Any, message: str, expected: Iterable[str] = ()) -> NoReturn:
     raise error_at(text, getattr(node, "pos", None) or 0, message, tuple(expected))
+
+
+def _default(cls: type, name: str) -> Any:
+    """A spec field's default (a masked query retrieves by BM25, classification densely)."""
+    return next(f.default for f in fields(cls) if f.name == name)
 
 
 def _hint(word: str, candidates: Iterable[str]) -> str:
@@ -341,7 +346,7 @@ class _Binder:
     def check_spec(self, cls: type, text: str, opts: dict[str, Any], **extra: Any) -> None:
         """Build the spec once so range errors point at the option that caused them."""
         fields_ = {k: v for k, v in opts.items() if k != "retrieval"}
-        retrieval = opts.get("retrieval", "dense")
+        retrieval = opts.get("retrieval", _default(cls, "retrieval"))
         fields_["retrieval"] = "dense" if retrieval == "exact" else retrieval
         try:
             cls(text, **extra, **fields_)
@@ -389,7 +394,7 @@ class _Binder:
         self.check_spec(spec_cls, text, opts, **extra)
         d = {f.name: f.default for f in fields(spec_cls)}
         o = {**d, **opts}
-        method = opts.get("retrieval", "dense")
+        method = opts.get("retrieval") or d["retrieval"] or masked_retrieval(o["exact"])
         node = Retrieve(self.source, text, method, o["mode"], o["k"], o["blocks"], o["exact"],
                         version, bm25_title=o["bm25_title"], bm25_question=o["bm25_question"])
         # the block prior weighs BM25 blocks: none in dense retrieval or classification

@@ -106,7 +106,7 @@ def test_lone_surrogates_are_refused_everywhere(rw):
     with pytest.raises(npmdb.DataError, match="surrogate"):
         rw.add([{"id": "\udc80", "text": "x"}])
     with pytest.raises(npmdb.ProgrammingError, match="surrogate"):
-        rw.fill_mask("\ud800 is [MASK].")
+        rw.fill_mask("\ud800 is [MASK].", retrieval="dense")
     with pytest.raises(npmdb.ProgrammingError, match="surrogate"):
         rw.sql("SELECT phrase FROM MASKED('\ud800 [MASK]')")
     with pytest.raises(npmdb.ProgrammingError, match="surrogate"):
@@ -199,7 +199,7 @@ def test_an_encoder_changed_underneath_is_refused_not_mixed_in(tmp_path, hidden)
     with npmdb.open(tmp_path / "db", progress=False) as d:
         before = (d.version, d.count())
         with pytest.raises(npmdb.OperationalError, match="not the one that made its vectors"):
-            d.fill_mask(Q)
+            d.fill_mask(Q, retrieval="dense")
         with pytest.raises(npmdb.OperationalError, match="not the one that made its vectors"):
             d.add(_docs("b", 3))
         with pytest.raises(npmdb.OperationalError, match="not the one that made its vectors"):
@@ -214,7 +214,7 @@ def test_an_encoder_changed_underneath_is_refused_not_mixed_in(tmp_path, hidden)
 @pytest.mark.parametrize("ref", [999, -1, 2 ** 70, "nope", "", 1.5, True, [1], "v2"])
 def test_unknown_versions_and_tags_are_programming_errors(db, ref):
     with pytest.raises(npmdb.ProgrammingError):
-        db.fill_mask(Q, version=ref)
+        db.fill_mask(Q, version=ref, retrieval="dense")
     with pytest.raises(npmdb.ProgrammingError):
         db.count(ref)
     with pytest.raises(npmdb.ProgrammingError):
@@ -223,7 +223,7 @@ def test_unknown_versions_and_tags_are_programming_errors(db, ref):
 
 def test_unknown_tag_suggests_a_close_one_and_sql_points_at_it(db):
     with pytest.raises(npmdb.ProgrammingError, match="did you mean 'v1'"):
-        db.fill_mask(Q, version="v11")
+        db.fill_mask(Q, version="v11", retrieval="dense")
     with pytest.raises(npmdb.QueryParseError) as exc:
         db.sql("SELECT phrase FROM MASKED('x [MASK]') AS OF 'nope'")
     assert exc.value.column == 45
@@ -244,13 +244,13 @@ def test_invalid_tag_names(rw, name):
                                    123, ["[MASK]"]])
 def test_malformed_query_strings(db, query):
     with pytest.raises(npmdb.ProgrammingError):
-        db.fill_mask(query)
+        db.fill_mask(query, retrieval="dense")
 
 
 @pytest.mark.parametrize("query", ["[MASK]", "\x00 [MASK] \x00", "<mask> is a river.",
                                    "word " * 20_000 + "[MASK]", "Москва [MASK] 東京"])
 def test_odd_but_valid_queries_answer(db, query):
-    res = db.fill_mask(query, top=3, k=64)
+    res = db.fill_mask(query, top=3, k=64, retrieval="dense")
     assert res.version == db.version
     assert all(np.isfinite(a.score) for a in res)
 
@@ -314,7 +314,7 @@ def test_misuse_of_the_api(rw, base):
         npmdb.open(base, read_only=True)
     rw.close()
     with pytest.raises(npmdb.InterfaceError):
-        rw.fill_mask(Q)
+        rw.fill_mask(Q, retrieval="dense")
 
 
 # == the database directory ====================================================================
@@ -378,7 +378,7 @@ def test_a_truncated_or_replaced_data_file_is_refused_at_open(damaged, how):
     with pytest.raises(npmdb.OperationalError,
                        match="truncated|not an npmdb database|not an LMDB file|cannot open"):
         with npmdb.open(damaged, progress=False) as d:
-            d.fill_mask(Q)
+            d.fill_mask(Q, retrieval="dense")
     code, out = _check_cli(damaged)
     assert code != 0, out
 
@@ -419,7 +419,7 @@ def test_a_damaged_dense_index_is_refused_before_hnswlib_loads_it(damaged, targe
         f.unlink()
     with npmdb.open(damaged, readonly=True, progress=False) as d:
         with pytest.raises(npmdb.OperationalError, match=f"index file {target} is"):
-            d.fill_mask(Q)
+            d.fill_mask(Q, retrieval="dense")
         assert not d.check().ok
 
 
@@ -449,9 +449,9 @@ def test_a_damaged_encoder_checkpoint_is_refused(damaged, tiny_encoder):
     w.write_bytes(bytes(b))
     with npmdb.open(damaged, readonly=True, progress=False) as d:
         with pytest.raises(npmdb.OperationalError, match="generation 1"):
-            d.fill_mask(Q)
+            d.fill_mask(Q, retrieval="dense")
         assert any("generation 1" in p.where for p in d.check().errors)
-        assert d.fill_mask(Q, version="v1", top=1, k=16) is not None  # generation 0 is intact
+        assert d.fill_mask(Q, version="v1", top=1, k=16, retrieval="dense") is not None  # generation 0 is intact
 
 
 def test_leftovers_in_the_directory_are_listed_then_removed_by_the_next_writer(damaged):
@@ -464,7 +464,7 @@ def test_leftovers_in_the_directory_are_listed_then_removed_by_the_next_writer(d
     (damaged / "write.lock").unlink(missing_ok=True)
     with npmdb.open(damaged, progress=False) as d:  # a writer open recovers
         assert d.check().clean
-        assert d.fill_mask(Q, top=1).answers
+        assert d.fill_mask(Q, top=1, retrieval="dense").answers
 
 
 def test_a_healthy_database_checks_clean(db):

@@ -36,7 +36,7 @@ def reference(tmp_path_factory, tiny_encoder, docs):
     path = tmp_path_factory.mktemp("chunks-ref") / "db"
     with npmdb.open(path, encoder=tiny_encoder, progress=False) as db:
         db.add(docs)
-        return _answers(db), db.fill_mask(QUERIES[0], top=3).to_list()
+        return _answers(db), db.fill_mask(QUERIES[0], top=3, retrieval="dense").to_list()
 
 
 def test_small_chunks_give_the_same_answers_and_check_clean(tmp_path, tiny_encoder, docs,
@@ -47,7 +47,7 @@ def test_small_chunks_give_the_same_answers_and_check_clean(tmp_path, tiny_encod
         (info,) = _segment_infos(db).values()
         assert info["chunk"] == 97
         assert _answers(db) == reference[0]
-        assert db.fill_mask(QUERIES[0], top=3).to_list() == reference[1]   # ANN path too
+        assert db.fill_mask(QUERIES[0], top=3, retrieval="dense").to_list() == reference[1]   # ANN path too
         rep = db.check()
         assert rep.clean, rep
         assert rep.counts["vector_chunks"] == -(-info["tokens"] // 97)

@@ -124,7 +124,7 @@ def test_codec_databases_store_their_width(codec_dbs):
             width = _stored_width(db)
             itemsize = 2 if name == "float16" else 1
             assert {w * itemsize for w in width} == {widths[name]}
-            res = db.fill_mask(QUERY, top=3)
+            res = db.fill_mask(QUERY, top=3, retrieval="dense")
             assert len(res) > 0
 
 
@@ -144,10 +144,10 @@ def test_pq_state_lives_in_lmdb_and_names_the_segments(codec_dbs):
 
 def test_pq_database_reopens_without_the_process_cache(codec_dbs):
     with npmdb.open(codec_dbs["pq"], progress=False) as db:
-        before = [(a.text, a.score) for a in db.fill_mask(QUERY, top=5)]
+        before = [(a.text, a.score) for a in db.fill_mask(QUERY, top=5, retrieval="dense")]
     C._LOADED.clear()  # a new process: the centroids come back from LMDB
     with npmdb.open(codec_dbs["pq"], readonly=True, progress=False) as db:
-        after = [(a.text, a.score) for a in db.fill_mask(QUERY, top=5)]
+        after = [(a.text, a.score) for a in db.fill_mask(QUERY, top=5, retrieval="dense")]
     assert after == before
 
 

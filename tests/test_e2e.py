@@ -80,7 +80,7 @@ def test_dense_exact_and_ann_agree_on_top_answer(real_db, sample_cloze):
     agree = 0
     queries = [c["query"] for c in sample_cloze[:10]]
     for q in queries:
-        ann = real_db.fill_mask(q, top=1)
+        ann = real_db.fill_mask(q, top=1, retrieval="dense")
         exact = real_db.fill_mask(q, top=1, exact=True)
         # scores may differ a little: a candidate the ANN index misses changes the softmax
         agree += fold(ann[0].text) == fold(exact[0].text)

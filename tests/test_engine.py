@@ -119,7 +119,7 @@ def test_duplicate_id_is_an_integrity_error_and_nothing_is_written(small_db, tmp
                                    "<mask> and [MASK]", ""])
 def test_query_needs_exactly_one_mask(small_db, query):
     with pytest.raises(npmdb.ProgrammingError, match="exactly one mask"):
-        small_db.fill_mask(query)
+        small_db.fill_mask(query, retrieval="dense")
     with pytest.raises(npmdb.ProgrammingError):
         small_db.classify(query, {"a": ["Greece"]})
 
@@ -132,7 +132,7 @@ def test_mask_spellings(small_db, mask):
 
 def test_non_string_query(small_db):
     with pytest.raises(npmdb.ProgrammingError):
-        small_db.fill_mask(42)
+        small_db.fill_mask(42, retrieval="dense")
 
 
 @pytest.mark.parametrize("opts", [dict(k=0), dict(k=-1), dict(top=-1), dict(max_len=0),
@@ -147,18 +147,18 @@ def test_bad_option_values(small_db, opts):
 def test_unknown_option_suggests_the_right_one(small_db):
     with pytest.raises(npmdb.ProgrammingError, match=r"unknown option 'mx_len'.*did you mean "
                                                      r"'max_len'"):
-        small_db.fill_mask(Q, mx_len=3)
+        small_db.fill_mask(Q, mx_len=3, retrieval="dense")
     with pytest.raises(npmdb.ProgrammingError, match="did you mean 'retrieval'"):
-        small_db.fill_mask(Q, retreival="bm25")
+        small_db.fill_mask(Q, retreival="bm25", retrieval="dense")
     with pytest.raises(npmdb.ProgrammingError, match="did you mean 'phrase'"):
-        small_db.fill_mask(Q, mode="phrse")
+        small_db.fill_mask(Q, mode="phrse", retrieval="dense")
     with pytest.raises(npmdb.ProgrammingError, match="unknown option"):
         small_db.classify(Q, {"a": ["x"]}, alpha=1.0)
 
 
 def test_query_on_an_empty_database(new_db):
     with pytest.raises(npmdb.ProgrammingError, match="empty|no documents"):
-        new_db.fill_mask(Q)
+        new_db.fill_mask(Q, retrieval="dense")
     with pytest.raises(npmdb.ProgrammingError, match="empty|no documents"):
         new_db.classify(Q, {"a": ["Greece"]})
 
@@ -168,7 +168,7 @@ def test_query_after_deleting_everything(new_db):
     new_db.delete("a")
     assert new_db.count() == 0
     with pytest.raises(npmdb.ProgrammingError, match="no documents"):
-        new_db.fill_mask(Q)
+        new_db.fill_mask(Q, retrieval="dense")
 
 
 def test_classify_label_errors(small_db):
@@ -224,7 +224,7 @@ def test_single_dict_or_bytes_is_an_interface_error(new_db):
 def test_readonly_open_then_add(tiny_db_path):
     with npmdb.open(tiny_db_path, readonly=True, progress=False) as db:
         assert db.count() == 600
-        assert len(db.fill_mask(Q, top=2)) == 2
+        assert len(db.fill_mask(Q, top=2, retrieval="dense")) == 2
         with pytest.raises(npmdb.OperationalError, match="read-only"):
             db.add(["Something new."])
         with pytest.raises(npmdb.OperationalError):
@@ -260,7 +260,7 @@ def test_open_with_a_different_encoder(tmp_path, tiny_encoder):
     with npmdb.open(path, encoder=tiny_encoder, progress=False) as db:
         assert db.count() == 1
     with npmdb.open(path, progress=False) as db:
-        assert len(db.fill_mask(Q, top=1)) == 1
+        assert len(db.fill_mask(Q, top=1, retrieval="dense")) == 1
 
 
 def _try_to_add(path: str, queue) -> None:
@@ -311,8 +311,9 @@ def test_deleted_documents_never_appear_as_evidence(new_db, sample_corpus):
     queries = [Q, "Hagios Demetrios is located in [MASK].", "The [MASK] is a genus of plants.",
                "Δημιουργός: [MASK]"]
     for q in queries:
-        for opts in (dict(), dict(exact=True), dict(retrieval="bm25", blocks=10),
-                     dict(retrieval="hybrid"), dict(mode="token"), dict(mode="token", exact=True)):
+        for opts in (dict(retrieval="dense"), dict(exact=True), dict(retrieval="bm25", blocks=10),
+                     dict(retrieval="hybrid"), dict(mode="token", retrieval="dense"),
+                     dict(mode="token", exact=True)):
             res = new_db.fill_mask(q, top=20, evidence=100, **opts)
             for a in res.answers:
                 assert not gone & {e.doc_id for e in a.evidence}, (q, opts, a.text)
@@ -363,9 +364,9 @@ def test_result_conversions(small_db):
 
 def test_result_stats_list_operators(tiny_db):
     for opts, expect in ((dict(exact=True), {"ExactTopK", "AssembleSpans", "ScoreSpans"}),
-                         (dict(), {"DenseTopK", "AssembleSpans", "ScoreSpans"}),
-                         (dict(retrieval="bm25"), {"BM25Blocks", "BlockTokens", "ScoreSpans"}),
-                         (dict(mode="token"), {"DenseTopK", "ScoreTokens"})):
+                         (dict(retrieval="dense"), {"DenseTopK", "AssembleSpans", "ScoreSpans"}),
+                         (dict(), {"BM25Blocks", "BlockTokens", "ScoreSpans"}),
+                         (dict(mode="token", retrieval="dense"), {"DenseTopK", "ScoreTokens"})):
         res = tiny_db.fill_mask(Q, top=3, **opts)
         assert len(res) == 3
         names = [s.operator for s in res.stats]
@@ -397,7 +398,8 @@ def test_token_mode_candidates_are_distinct(tiny_db):
     twice the probability and twice the support, and k distinct candidates shrink to ~2/3."""
     for exact in (True, False):
         res = tiny_db.fill_mask(Q, mode="token", k=256, top=0, evidence=10 ** 6, exact=exact,
-                                not_in_query=False, no_query_words=False)  # none dropped
+                                retrieval="dense", not_in_query=False,
+                                no_query_words=False)  # none dropped
         occ = [(e.doc_id, e.start, e.end) for a in res for e in a.evidence]
         assert len(occ) == len(set(occ)), f"exact={exact}: duplicated candidate tokens"
         assert sum(a.support for a in res) == 256, f"exact={exact}"
@@ -419,7 +421,7 @@ def test_context_manager_closes(tiny_db_path):
     with npmdb.open(tiny_db_path, progress=False) as db:
         assert db.count() == 600
     assert "closed" in repr(db)
-    for call in (lambda: db.fill_mask(Q), lambda: db.count(), lambda: db.add(["x"]),
+    for call in (lambda: db.fill_mask(Q, retrieval="dense"), lambda: db.count(), lambda: db.add(["x"]),
                  lambda: db.get("x"), lambda: db.classify(Q, {"a": ["b"]}),
                  lambda: db.search("city"), lambda: db.versions(), lambda: db.stats()):
         with pytest.raises(npmdb.InterfaceError):

@@ -260,7 +260,7 @@ def test_real_encoder_matches_fill_mask(real_db, sample_cloze):
 def test_demo_reports_how_often_it_is_right(real_db_path, tmp_path, capsys):
     """`npmdb demo` (the README's first command) on a database that already holds part of
     the sample: it answers its queries both ways, then scores the bundled cloze questions
-    as `npmdb eval` does and says which retrieval to ask with."""
+    as `npmdb eval` does and says that queries ask with bm25 by default."""
     import shutil
 
     path = tmp_path / "demo.npmdb"
@@ -274,4 +274,4 @@ def test_demo_reports_how_often_it_is_right(real_db_path, tmp_path, capsys):
     rows = [line.split() for line in out.splitlines() if line.startswith("1 ")]
     assert [r[2] for r in rows] == ["bm25", "dense"]
     assert all(0.0 <= float(r[3]) <= 100.0 for r in rows)
-    assert "Ask with retrieval=bm25" in out
+    assert "Queries retrieve BM25 blocks by default" in out

@@ -26,9 +26,11 @@ def two_segments(tmp_path_factory, tiny_encoder, sample_corpus):
 
 
 def _run(db, **kw):
+    """Each query's answers and operators; dense retrieval unless ``kw`` names another (the
+    siblings under test are the two DenseTopK searches)."""
     out = []
     for q in QUERIES:
-        r = db.fill_mask(q, top=5, **kw)
+        r = db.fill_mask(q, top=5, **{"retrieval": "dense", **kw})
         out.append(([(a.text, a.score) for a in r.answers], [s.operator for s in r.stats]))
     return out
 
@@ -48,7 +50,7 @@ def test_concurrent_siblings_answer_as_serial_ones(two_segments, monkeypatch, kw
 
 def test_plan_records_both_searches_and_explains_the_same(two_segments):
     with npmdb.open(two_segments, readonly=True, progress=False) as db:
-        r = db.fill_mask(QUERIES[0], top=3)
+        r = db.fill_mask(QUERIES[0], top=3, retrieval="dense")
         ops = [s.operator for s in r.stats]
         assert ops.count("DenseTopK") == 2 and ops.index("EncodeQuery") < ops.index("DenseTopK")
         assert ops[-1] == "Limit" or ops[-1] == "AttachEvidence"
@@ -98,7 +100,7 @@ def test_per_segment_waits_for_every_task_before_raising():
     assert ended == [1]
 
 
-@pytest.mark.parametrize("kw", [{}, {"retrieval": "bm25"}, {"mode": "token", "group_by": "word"},
+@pytest.mark.parametrize("kw", [{"retrieval": "dense"}, {}, {"mode": "token", "group_by": "word"},
                                 {"offset": 3}])
 def test_query_word_filters_pushed_into_aggregate_keep_the_answers(two_segments, kw):
     """The query-word filters run on the grouping keys inside Aggregate, before its top-n:

@@ -344,8 +344,9 @@ def test_bm25_prior_weighs_each_block_by_its_text_score(tmp_path, tiny_encoder, 
         assert big["pair"] > 0.99 * sum(big.values())
         assert db.fill_mask(q, retrieval="bm25", bm25_prior=100).top.text == "Мадрид"
         # dense retrieval has no blocks: the option changes nothing there
-        dense = [(a.text, a.score) for a in db.fill_mask(q, top=10)]
-        assert dense == [(a.text, a.score) for a in db.fill_mask(q, top=10, bm25_prior=7)]
+        dense = [(a.text, a.score) for a in db.fill_mask(q, top=10, retrieval="dense")]
+        assert dense == [(a.text, a.score) for a in db.fill_mask(q, top=10, retrieval="dense",
+                                                                 bm25_prior=7)]
         for bad, match in ((-1, "bm25_prior must be a finite number in"),
                            (float("nan"), "bm25_prior must be a finite number in"),
                            ("0.5", "bm25_prior must be a number"),
@@ -370,8 +371,11 @@ def test_sql_with_bm25_prior_runs_as_fill_mask(tmp_path, tiny_encoder):
         plan = db.sql("EXPLAIN SELECT * FROM MASKED(?) USING hybrid WITH bm25_prior = 2",
                       [q]).plan
         assert "Score (npm, tau=1.0, bm25_prior=2)" in plan and "text scores" in plan
-        plan = db.sql("EXPLAIN SELECT * FROM MASKED(?) WITH bm25_prior = 2", [q]).plan
+        plan = db.sql("EXPLAIN SELECT * FROM MASKED(?) USING dense WITH bm25_prior = 2",
+                      [q]).plan
         assert "bm25_prior" not in plan                     # dense: no blocks to weigh
+        plan = db.sql("EXPLAIN SELECT * FROM MASKED(?) WITH bm25_prior = 2", [q]).plan
+        assert "bm25_prior=2" in plan                       # bm25, the default
         with pytest.raises(npmdb.ProgrammingError, match="bm25_prior"):
             db.sql("SELECT * FROM MASKED(?) WITH bm25_prior = 'high'", [q])
         with pytest.raises(npmdb.ProgrammingError, match="bm25_prior"):
@@ -437,3 +441,39 @@ def test_calibration_runs_in_the_plan_for_sql_too(tmp_path, tiny_encoder):
             db.classify(q, labels, calibrate="yes")
         with pytest.raises(npmdb.ProgrammingError, match="calibrate"):
             db.sql("SELECT * FROM MASKED(?) WITH calibrate = TRUE", [q])
+
+
+def test_masked_queries_retrieve_bm25_blocks_by_default(tmp_path, tiny_encoder):
+    """fill_mask, SQL MASKED/TOKENS without USING and `npmdb query` ask BM25 (NPM's
+    restricted mode); classify keeps dense search; exact=True alone means a dense scan."""
+    import npmdb
+    from npmdb.cli import main
+
+    q = "Where is Maiduguri? It is in [MASK]."
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:
+        db.add(TITLED)
+        plain = db.fill_mask(q, top=20)
+        assert "BM25" in plain.plan and "DenseTopK" not in plain.plan
+        assert [a.text for a in plain] == [a.text for a in db.fill_mask(q, top=20,
+                                                                         retrieval="bm25")]
+        dense = db.fill_mask(q, top=20, retrieval="dense")
+        assert "BM25" not in dense.plan and "DenseTopK" in dense.plan
+        for source in ("MASKED", "TOKENS"):
+            sql = db.sql(f"SELECT phrase FROM {source}(?) LIMIT 20", [q])
+            assert "BM25" in db.sql(f"EXPLAIN SELECT * FROM {source}(?)", [q]).plan
+            assert sql.rows
+        assert [r[0] for r in db.sql("SELECT phrase FROM MASKED(?) LIMIT 20", [q]).rows] == \
+            [a.text for a in plain]
+        labels = {"yes": ["Nigeria"], "no": ["Chad"]}
+        assert "BM25" not in db.classify(q, labels).plan and \
+            "DenseTopK" in db.classify(q, labels).plan
+        assert "BM25" not in db.sql("EXPLAIN SELECT * FROM CLASSIFY(?, ?)",
+                                    [q, labels]).plan
+        exact = db.fill_mask(q, exact=True, top=20)   # an exact scan is of the dense vectors
+        assert "BM25" not in exact.plan and "exact" in exact.plan
+        assert [a.text for a in exact] == [a.text for a in db.fill_mask(
+            q, exact=True, top=20, retrieval="dense")]
+        with pytest.raises(npmdb.ProgrammingError, match="retrieval"):
+            db.fill_mask(q, retrieval="bm52")
+    rc = main(["query", str(tmp_path / "db"), q, "--explain"])
+    assert rc == 0

@@ -140,13 +140,13 @@ def test_recall_against_exact_and_exact_rescores(ivf_path):
 
 def test_answers_match_exact_search_and_survive_reopen(ivf_path):
     with npmdb.open(ivf_path, readonly=True, progress=False) as db:
-        first = {q: [(a.text, round(a.score, 6)) for a in db.fill_mask(q, k=128, top=5)]
+        first = {q: [(a.text, round(a.score, 6)) for a in db.fill_mask(q, k=128, top=5, retrieval="dense")]
                  for q in QUERIES}
-        agree = sum(db.fill_mask(q, k=128, top=1)[0].text ==
+        agree = sum(db.fill_mask(q, k=128, top=1, retrieval="dense")[0].text ==
                     db.fill_mask(q, k=128, top=1, exact=True)[0].text for q in QUERIES)
         assert agree >= len(QUERIES) - 1
     with npmdb.open(ivf_path, readonly=True, progress=False) as db:
-        again = {q: [(a.text, round(a.score, 6)) for a in db.fill_mask(q, k=128, top=5)]
+        again = {q: [(a.text, round(a.score, 6)) for a in db.fill_mask(q, k=128, top=5, retrieval="dense")]
                  for q in QUERIES}
     assert again == first
 
@@ -159,13 +159,13 @@ def test_optimize_converts_hnsw_to_ivf_with_unchanged_exact_answers(tmp_path, ti
         assert db.stats()["index"] == {"hnsw": 2}
         before = [[(a.text, round(a.score, 5)) for a in db.fill_mask(q, exact=True, top=5)]
                   for q in QUERIES]
-        dense_before = [db.fill_mask(q, k=128, top=1)[0].text for q in QUERIES]
+        dense_before = [db.fill_mask(q, k=128, top=1, retrieval="dense")[0].text for q in QUERIES]
         v = db.optimize(index="ivf")
         assert db.stats()["index"] == {"ivf": 1} and db.config["dense"] == "ivf"
         after = [[(a.text, round(a.score, 5)) for a in db.fill_mask(q, exact=True, top=5)]
                  for q in QUERIES]
         assert after == before
-        dense_after = [db.fill_mask(q, k=128, top=1)[0].text for q in QUERIES]
+        dense_after = [db.fill_mask(q, k=128, top=1, retrieval="dense")[0].text for q in QUERIES]
         assert sum(a == b for a, b in zip(dense_before, dense_after)) >= len(QUERIES) - 1
         db.add(sample_corpus[1400:1450])  # later segments follow the recorded kind
         assert db.stats()["index"] == {"ivf": 2}
@@ -181,7 +181,7 @@ def test_auto_picks_by_corpus_size(tmp_path, tiny_encoder, sample_corpus, monkey
         db.add(sample_corpus[50:1500])
         assert db.stats()["index"] == {"hnsw": 1, "ivf": 1}
         assert db.config["dense"] == "auto"
-        assert db.fill_mask(QUERIES[1], k=64).answers
+        assert db.fill_mask(QUERIES[1], k=64, retrieval="dense").answers
 
 
 def test_check_finds_a_damaged_list_file_and_queries_refuse_a_short_one(ivf_path, tmp_path):
@@ -200,7 +200,7 @@ def test_check_finds_a_damaged_list_file_and_queries_refuse_a_short_one(ivf_path
     f.write_bytes(bytes(data[: len(data) // 3]))  # truncated: refused before FAISS maps it
     with npmdb.open(dst, readonly=True, progress=False) as db:
         with pytest.raises(npmdb.OperationalError, match="truncated"):
-            db.fill_mask(QUERIES[0], k=64)
+            db.fill_mask(QUERIES[0], k=64, retrieval="dense")
 
 
 def test_bad_parameters_are_clear_errors_and_write_nothing(tmp_path, tiny_encoder,
@@ -258,7 +258,7 @@ def test_sigkill_during_ivf_adds_leaves_a_complete_head(tmp_path, tiny_encoder):
             if db.version is not None:
                 st = db.stats()
                 assert st["docs"] % 300 == 0 and st["docs"] >= 300
-                assert db.fill_mask(QUERIES[0], k=64).answers
+                assert db.fill_mask(QUERIES[0], k=64, retrieval="dense").answers
 
 
 def test_queries_read_columns_in_place_and_check_them(ivf_path, tmp_path):
@@ -270,7 +270,7 @@ def test_queries_read_columns_in_place_and_check_them(ivf_path, tmp_path):
     from npmdb.storage import format as F
 
     with npmdb.open(ivf_path, readonly=True, progress=False) as db:
-        db.fill_mask(QUERIES[0], k=64, evidence=1)
+        db.fill_mask(QUERIES[0], k=64, evidence=1, retrieval="dense")
         db.fill_mask(QUERIES[1], k=64, exact=True)
         assert db.search('Paris', limit=3)
         with db.snapshot() as snap:
@@ -298,7 +298,7 @@ def test_queries_read_columns_in_place_and_check_them(ivf_path, tmp_path):
         db.env.write(lambda txn: txn.put(key, bytes(raw), db=db.env.dbs["segcols"]))
     with npmdb.open(dst, readonly=True, progress=False) as db:
         with pytest.raises(npmdb.OperationalError, match=f"corrupt segment {seg} tokens"):
-            db.fill_mask(QUERIES[0], k=64)
+            db.fill_mask(QUERIES[0], k=64, retrieval="dense")
 
 
 def test_entries_coded_apart_fill_the_same_index(tmp_path):
@@ -350,7 +350,7 @@ def test_rows_coded_while_encoding_write_the_same_file(tmp_path, tiny_encoder, s
         with npmdb.open(path, encoder=tiny_encoder, index="ivf", progress=False) as db:
             db.add(sample_corpus[:1500])    # trains the template (coded at the end)
             db.add(sample_corpus[1500:1900])  # has one: coded while encoding, when ahead
-            answers.append([db.fill_mask(q, k=64).to_list() for q in QUERIES])
+            answers.append([db.fill_mask(q, k=64, retrieval="dense").to_list() for q in QUERIES])
     # the second adds: on a thread where the encoder leaves a core, else between windows
     assert [c.threaded for c in made] == [True, False] and all(c.count > 0 for c in made)
     assert _ivf_file(tmp_path / "ahead", 1) == _ivf_file(tmp_path / "after", 1)

@@ -47,7 +47,7 @@ def _nlist(db) -> int:
 
 
 def _answers(db, **kw) -> list:
-    return [[(a.text, round(a.score, 4)) for a in db.fill_mask(q, top=5, **kw)]
+    return [[(a.text, round(a.score, 4)) for a in db.fill_mask(q, top=5, **{"retrieval": "dense", **kw})]
             for q in QUERIES]
 
 

@@ -30,7 +30,7 @@ def _readers(db):
 @linux
 def test_located_chunks_and_columns_equal_lmdb_reads(new_db, sample_corpus):
     new_db.add(sample_corpus[:1500])  # every column a page or more (over 1,024 blocks)
-    first = new_db.fill_mask("The capital of France is [MASK].", k=64).to_list()
+    first = new_db.fill_mask("The capital of France is [MASK].", k=64, retrieval="dense").to_list()
     (reader, gen), = _readers(new_db)
     assert reader._located and all(v is not None for v in reader._located.values())
     assert reader._mapped_cols is not None
@@ -44,7 +44,7 @@ def test_located_chunks_and_columns_equal_lmdb_reads(new_db, sample_corpus):
                                          db=new_db.env.dbs["segcols"]))
             np.testing.assert_array_equal(cols.offsets, raw)
     # later queries are served from the mapping: the same answers
-    assert new_db.fill_mask("The capital of France is [MASK].", k=64).to_list() == first
+    assert new_db.fill_mask("The capital of France is [MASK].", k=64, retrieval="dense").to_list() == first
 
 
 @linux
@@ -52,13 +52,13 @@ def test_file_growth_remaps_and_old_views_stay_valid(tmp_path, tiny_encoder, sam
     path = tmp_path / "db"
     with npmdb.open(path, encoder=tiny_encoder, progress=False) as db:
         db.add(sample_corpus[:30])
-        db.fill_mask("Paris is in [MASK].", k=32)
+        db.fill_mask("Paris is in [MASK].", k=32, retrieval="dense")
         (r1, gen), = _readers(db)
         with db.snapshot() as snap:
             old = r1.stored_chunk(snap.txn, gen, 0)
         before = len(db.env.mapped._mm)
         db.add(sample_corpus[30:400])  # the file grows past the first mapping
-        db.fill_mask("Paris is in [MASK].", k=32)
+        db.fill_mask("Paris is in [MASK].", k=32, retrieval="dense")
         readers = _readers(db)
         assert len(readers) == 2
         r2, _ = readers[1]
@@ -72,18 +72,18 @@ def test_file_growth_remaps_and_old_views_stay_valid(tmp_path, tiny_encoder, sam
 
 def test_unlocated_values_fall_back_to_lmdb(new_db, sample_corpus, monkeypatch):
     new_db.add(sample_corpus[:40])
-    with_map = new_db.fill_mask("The capital of France is [MASK].", k=64).to_list()
+    with_map = new_db.fill_mask("The capital of France is [MASK].", k=64, retrieval="dense").to_list()
     new_db.close()
     db = npmdb.open(new_db.path, progress=False)
     try:
         monkeypatch.setattr(db.env.mapped, "enabled", False)
-        without = db.fill_mask("The capital of France is [MASK].", k=64).to_list()
+        without = db.fill_mask("The capital of France is [MASK].", k=64, retrieval="dense").to_list()
         (reader, _), = _readers(db)
         assert reader._located and all(v is None for v in reader._located.values())
         assert reader._mapped_cols is None
         assert without == with_map
         # a second read of an unlocated chunk is not CRC-checked again, and still served
-        assert db.fill_mask("The capital of France is [MASK].", k=64).to_list() == with_map
+        assert db.fill_mask("The capital of France is [MASK].", k=64, retrieval="dense").to_list() == with_map
     finally:
         db.close()
 
@@ -108,14 +108,14 @@ def test_small_values_inside_leaf_pages_are_never_located(tmp_path, tiny_encoder
     with npmdb.open(path, encoder=tiny_encoder, progress=False) as db:
         for d in docs:
             db.add([d])
-            db.fill_mask(q, k=16)
+            db.fill_mask(q, k=16, retrieval="dense")
         seen = [r for r, _ in _readers(db)]
         small = [at for r in seen for at in r._located.values()]
         assert small and all(at is None for at in small)  # every chunk is under a page
         assert all(r._mapped_cols is None for r in seen)
-        got = db.fill_mask(q, k=16).to_list()
+        got = db.fill_mask(q, k=16, retrieval="dense").to_list()
     with npmdb.open(path, progress=False) as fresh:
-        assert fresh.fill_mask(q, k=16).to_list() == got
+        assert fresh.fill_mask(q, k=16, retrieval="dense").to_list() == got
 
 
 def _lmdb_map_rss_kb(db) -> int:

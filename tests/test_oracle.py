@@ -155,7 +155,7 @@ def test_defaults_are_the_spec_defaults(tiny_db, oracle, queries):
         if oracle.cut_gap(q, mode="phrase", k=1024, qv=qv) <= 1e-4:
             continue  # a tie at the k cut: the candidate set is not determined
         checked += 1
-        problems = compare(tiny_db.fill_mask(q, exact=True), oracle.fill_mask(q, qv=qv), 5)
+        problems = compare(tiny_db.fill_mask(q, exact=True), oracle.fill_mask(q, qv=qv, retrieval="dense"), 5)
         if problems:
             failures.append(f"{q!r}: " + "; ".join(problems[:4]))
     assert checked >= 8
@@ -168,10 +168,10 @@ def test_oracle_sanity(tiny_db, oracle, queries):
     sum to exactly 1 over the k candidates."""
     q = queries[0]
     ph = oracle.fill_mask(q, max_len=1, not_in_query=False,   # scoring alone, nothing dropped
-                          no_query_words=False)
+                          no_query_words=False, retrieval="dense")
     # with max_len 1 every span is one token (s == e), each start and end used once
     assert math.isclose(sum(a.score for a in ph.answers.values()), 2.0, rel_tol=1e-9)
-    tok = oracle.fill_mask(q, mode="token", k=50, not_in_query=False, no_query_words=False)
+    tok = oracle.fill_mask(q, mode="token", k=50, not_in_query=False, no_query_words=False, retrieval="dense")
     assert math.isclose(sum(a.score for a in tok.answers.values()), 1.0, rel_tol=1e-9)
     assert sum(a.support for a in tok.answers.values()) == 50
     # evidence of the oracle slices the documents
@@ -265,7 +265,7 @@ def test_multi_segment_with_deletions_matches_oracle(new_db, sample_corpus, samp
 def test_ann_top1_agrees_with_exact(tiny_db, queries, mode):
     agree = 0
     for q in queries:
-        ann = tiny_db.fill_mask(q, top=1, mode=mode)
+        ann = tiny_db.fill_mask(q, top=1, mode=mode, retrieval="dense")
         exact = tiny_db.fill_mask(q, top=1, mode=mode, exact=True)
         agree += fold(ann.answers[0].text) == fold(exact.answers[0].text)
     assert agree >= 0.9 * len(queries), f"ANN top-1 agrees with exact on {agree}/{len(queries)}"

@@ -69,7 +69,7 @@ def _check_all(one, many):
         for opts in RETRIEVALS:
             _same(one, many, lambda db: db.fill_mask(q, top=8, evidence=2, **opts))
     # AS OF an older version (four segments, nothing deleted)
-    _same(one, many, lambda db: db.fill_mask(QUERIES[0], version="four-parts", evidence=1))
+    _same(one, many, lambda db: db.fill_mask(QUERIES[0], version="four-parts", evidence=1, retrieval="dense"))
     _same(one, many, lambda db: db.classify("A gorgeous, witty film. It was [MASK].", LABELS,
                                             evidence=1))
     _same(one, many, lambda db: db.classify("Dull and long. It was [MASK].", LABELS,
@@ -94,13 +94,13 @@ def test_local_shards_answer_as_one_process(sharded_db_path):
 def test_more_shards_than_segments(hnsw_db_path):
     with npmdb.open(hnsw_db_path, readonly=True) as one, \
             npmdb.open(hnsw_db_path, readonly=True, engine="local", shards=7) as many:
-        a, b = _same(one, many, lambda db: db.fill_mask(QUERIES[1], evidence=3))
+        a, b = _same(one, many, lambda db: db.fill_mask(QUERIES[1], evidence=3, retrieval="dense"))
         assert b.info["shards"]["segments"].count(0) == 2  # 5 segments over 7 shards
 
 
 def test_explain_analyze_shows_the_exchange_and_shard_times(ivf_db_path):
     with npmdb.open(ivf_db_path, readonly=True, engine="local", shards=2) as db:
-        res = db.fill_mask(QUERIES[0])
+        res = db.fill_mask(QUERIES[0], retrieval="dense")
         plan = res.plan
         assert "Exchange (shards=2, engine=local)" in plan
         line = next(li for li in plan.splitlines() if "DenseTopK" in li)
@@ -140,19 +140,19 @@ def test_shards_read_the_version_the_query_names(tmp_path, tiny_encoder, sample_
     shards open each request's version), and AS OF still reads the old one."""
     path = _build(tmp_path / "db", tiny_encoder, sample_corpus)
     with npmdb.open(path, readonly=True, engine="local", shards=2) as many:
-        before = many.fill_mask(QUERIES[0], top=3)
+        before = many.fill_mask(QUERIES[0], top=3, retrieval="dense")
         # another process writes (this one holds the directory read-only)
         code = ("import json, sys, npmdb\n"
                 "with npmdb.open(sys.argv[1], progress=False) as w:\n"
                 "    w.add(json.loads(sys.stdin.read()), message='more')\n")
         subprocess.run([sys.executable, "-c", code, str(path)], check=True,
                        input=json.dumps(sample_corpus[600:700]), text=True)
-        after = many.fill_mask(QUERIES[0], top=3)
+        after = many.fill_mask(QUERIES[0], top=3, retrieval="dense")
         assert after.version == before.version + 1
         with npmdb.open(path, readonly=True) as one:
-            assert _answers(after) == _answers(one.fill_mask(QUERIES[0], top=3))
-            old = one.fill_mask(QUERIES[0], top=3, version=before.version)
-        assert _answers(many.fill_mask(QUERIES[0], top=3, version=before.version)) == \
+            assert _answers(after) == _answers(one.fill_mask(QUERIES[0], top=3, retrieval="dense"))
+            old = one.fill_mask(QUERIES[0], top=3, version=before.version, retrieval="dense")
+        assert _answers(many.fill_mask(QUERIES[0], top=3, version=before.version, retrieval="dense")) == \
             _answers(old)
 
 
@@ -166,7 +166,7 @@ def test_ray_shards_answer_as_one_process(ray_cluster, ivf_db_path):
         pids = many._shards.pids()
         assert len(set(pids)) == 2  # two worker processes
         _check_all(one, many)
-        assert "Exchange (shards=2, engine=ray)" in many.fill_mask(QUERIES[0]).plan
+        assert "Exchange (shards=2, engine=ray)" in many.fill_mask(QUERIES[0], retrieval="dense").plan
 
 
 @pytest.mark.ray
@@ -177,10 +177,10 @@ def test_ray_shard_killed_is_started_again(ray_cluster, ivf_db_path):
 
     with npmdb.open(ivf_db_path, readonly=True) as one, \
             npmdb.open(ivf_db_path, readonly=True, engine="ray", shards=2) as many:
-        want = _answers(one.fill_mask(QUERIES[1], evidence=2))
+        want = _answers(one.fill_mask(QUERIES[1], evidence=2, retrieval="dense"))
         shards = many._shards
         ray_cluster.kill(shards.actors[0], no_restart=True)
-        assert _answers(many.fill_mask(QUERIES[1], evidence=2)) == want
+        assert _answers(many.fill_mask(QUERIES[1], evidence=2, retrieval="dense")) == want
         assert shards.restarts == 1
         # killed (Ray restarts it) while queries run
         outcomes = []
@@ -188,7 +188,7 @@ def test_ray_shard_killed_is_started_again(ray_cluster, ivf_db_path):
         def ask():
             for _ in range(6):
                 try:
-                    outcomes.append(_answers(many.fill_mask(QUERIES[1], evidence=2)) == want)
+                    outcomes.append(_answers(many.fill_mask(QUERIES[1], evidence=2, retrieval="dense")) == want)
                 except npmdb.OperationalError:
                     outcomes.append("error")
         t = threading.Thread(target=ask)
@@ -196,7 +196,7 @@ def test_ray_shard_killed_is_started_again(ray_cluster, ivf_db_path):
         ray_cluster.kill(shards.actors[1], no_restart=False)
         t.join()
         assert all(o is True or o == "error" for o in outcomes), outcomes
-        assert _answers(many.fill_mask(QUERIES[1], evidence=2)) == want
+        assert _answers(many.fill_mask(QUERIES[1], evidence=2, retrieval="dense")) == want
 
 
 @pytest.mark.slow

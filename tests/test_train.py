@@ -202,7 +202,7 @@ def test_train_writes_a_tagged_generation(db_copy):
     db = db_copy
     v_old = db.version
     q = "Zambia is a republic in [MASK]."
-    before = db.fill_mask(q)
+    before = db.fill_mask(q, retrieval="dense")
     assert before.generation == 0
     report = npmdb.train(db, steps=3, batch_blocks=8, lr=1e-4, progress=False)
     assert isinstance(report, TrainReport)
@@ -213,9 +213,9 @@ def test_train_writes_a_tagged_generation(db_copy):
     head = db.versions()[-1]
     assert head["head"] and head["generation"] == report.generations[0] == 1
     assert head["tags"] == ["train-step-3"] and report.head_version == head["id"]
-    new = db.fill_mask(q)
+    new = db.fill_mask(q, retrieval="dense")
     assert (new.version, new.generation) == (head["id"], 1)
-    old = db.fill_mask(q, version=v_old)  # the old version answers with its own encoder
+    old = db.fill_mask(q, version=v_old, retrieval="dense")  # the old version answers with its own encoder
     assert (old.version, old.generation) == (v_old, 0)
     assert [a.text for a in old.answers] == [a.text for a in before.answers]
     # the checkpoint is a safetensors file inside the database; nothing is pickled
@@ -337,7 +337,7 @@ def test_refresh_while_querying(db_copy):
     assert seen and set(seen) <= complete_pairs(db)
     assert len({g for _, g in seen}) >= 2  # queries ran before and after a refresh
     assert db.versions()[-1]["generation"] == report.generations[-1]
-    assert (db.version, db.fill_mask("Lemnos is in [MASK].").generation) == \
+    assert (db.version, db.fill_mask("Lemnos is in [MASK].", retrieval="dense").generation) == \
         (report.head_version, report.head_generation)
 
 
@@ -345,7 +345,7 @@ def test_token_objective(db_copy):
     report = npmdb.train(db_copy, steps=3, batch_blocks=6, objective="token", progress=False)
     assert report.objective == "token" and np.isfinite(report.final_loss)
     assert report.spans_per_batch > 0
-    r = db_copy.fill_mask("Lemnos is in [MASK].", mode="token")
+    r = db_copy.fill_mask("Lemnos is in [MASK].", mode="token", retrieval="dense")
     assert r.generation == report.head_generation
 
 
@@ -367,7 +367,7 @@ def test_mixed_objective_trains_both_kinds_of_batch(db_copy):
     assert report.config["objective"] == "mixed"
     # the query paths of both objectives answer from the refreshed generation
     for mode in ("phrase", "token"):
-        assert db_copy.fill_mask("Lemnos is in [MASK].", mode=mode).generation == \
+        assert db_copy.fill_mask("Lemnos is in [MASK].", mode=mode, retrieval="dense").generation == \
             report.head_generation
 
 

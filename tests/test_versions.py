@@ -78,7 +78,7 @@ def test_checkout_is_read_only_and_restore_makes_a_new_version(new_db):
     v3 = new_db.restore(v1)
     assert v3 > v1 and new_db.count() == 1 and new_db.get("a") is not None
     with pytest.raises(npmdb.ProgrammingError, match="no version or tag"):
-        new_db.fill_mask("x [MASK]", version="nope")
+        new_db.fill_mask("x [MASK]", version="nope", retrieval="dense")
 
 
 def test_batch_groups_changes_into_one_version(new_db):
@@ -134,7 +134,7 @@ def test_many_small_adds_equal_one_add_and_optimize(tmp_path, tiny_encoder, samp
                 ref = _answers(one_minus.fill_mask(q, exact=True, k=256, top=10))
                 assert _answers(many.fill_mask(q, exact=True, k=256, top=10)) == ref == before[q]
             # the ANN index of the merged segment answers too
-            assert many.fill_mask(queries[0]).answers
+            assert many.fill_mask(queries[0], retrieval="dense").answers
 
 
 def test_deleted_documents_never_answer(new_db, sample_corpus):
@@ -379,4 +379,4 @@ def test_vacuum_keeps_files_a_live_reader_in_another_process_still_needs(tmp_pat
     with npmdb.open(path, progress=False) as db:  # the reader is gone: the next writer cleans
         assert not {"s000001", "s000002"} & {p.name for p in (path / "segments").iterdir()}
         assert db.check().clean
-        assert db.fill_mask("Rome is the capital of [MASK].", top=1).answers
+        assert db.fill_mask("Rome is the capital of [MASK].", top=1, retrieval="dense").answers

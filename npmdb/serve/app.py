@@ -97,7 +97,7 @@ class Server:
             return
         try:
             self.db.fill_mask("warm [MASK].", retrieval="bm25", top=1)
-            self.db.fill_mask("warm [MASK].", top=1, k=8)
+            self.db.fill_mask("warm [MASK].", top=1, k=8, retrieval="dense")
         except Error:
             pass
 
