@@ -387,10 +387,10 @@ def _verify(db_path: Path, st: State, done, inflight, rng: random.Random, *, vac
         if live:
             res = db.fill_mask(QUERY, retrieval="bm25", top=3)
             _ensure(res.version == head, "a query answered from another version")
-            res = db.fill_mask(QUERY, top=3, k=64)
+            res = db.fill_mask(QUERY, top=3, k=64, retrieval="dense")
             _ensure(res.generation == gen, "a dense query used another generation")
             for t in rng.sample(sorted(tags), min(1, len(tags))):
-                db.fill_mask(QUERY, top=3, k=64, version=t)
+                db.fill_mask(QUERY, top=3, k=64, version=t, retrieval="dense")
         if vacuum:
             db.vacuum()
             rep = db.check(deep=True)

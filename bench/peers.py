@@ -168,13 +168,13 @@ def run(main_db: Path, data: Path, work: Path, *, queries: int = 100, k: int = 1
     finally:
         lance.close()
     with npmdb.open(main_db, readonly=True, progress=False) as db:
-        db.fill_mask(texts[0], k=k)
+        db.fill_mask(texts[0], k=k, retrieval="dense")
         res = {}
         for exact in (False, True):
             ms, tops = [], []
             for q in texts:
                 t0 = time.perf_counter()
-                r = db.fill_mask(q, k=k, top=1, exact=exact, evidence=1)
+                r = db.fill_mask(q, k=k, top=1, exact=exact, evidence=1, retrieval="dense")
                 ms.append((time.perf_counter() - t0) * 1000.0)
                 tops.append(_norm(r.top.text) if r.top else None)
             res[exact] = (ms, tops)

@@ -41,16 +41,16 @@ def measure(path: Path, shards: int, engine: str, queries: list[str], clients: i
     t0 = time.perf_counter()
     with npmdb.open(path, readonly=True, progress=False, **kw) as db:
         open_s = time.perf_counter() - t0
-        db.fill_mask(queries[0], k=k)  # warm: encoder, indexes, actors
+        db.fill_mask(queries[0], k=k, retrieval="dense")  # warm: encoder, indexes, actors
         ms, stages = [], []
         for q in queries:
             t = time.perf_counter()
-            res = db.fill_mask(q, k=k, top=5, evidence=1)
+            res = db.fill_mask(q, k=k, top=5, evidence=1, retrieval="dense")
             ms.append((time.perf_counter() - t) * 1000.0)
             stages.append(_stages(res))
         t = time.perf_counter()
         with ThreadPoolExecutor(clients) as pool:
-            list(pool.map(lambda q: db.fill_mask(q, k=k, top=5, evidence=1), queries))
+            list(pool.map(lambda q: db.fill_mask(q, k=k, top=5, evidence=1, retrieval="dense"), queries))
         qps = len(queries) / (time.perf_counter() - t)
     names = sorted({n for s in stages for n in s})
     return {"shards": shards, "engine": engine if shards else "one process",

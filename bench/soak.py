@@ -164,7 +164,7 @@ def reader(path: str, seconds: float, out: str, seed: int, initial_map: int) -> 
                     res = db.fill_mask(q, retrieval="bm25", top=5)
                     v = res.version
                 elif kind == "dense":
-                    res = db.fill_mask(q, top=5, k=128)
+                    res = db.fill_mask(q, top=5, k=128, retrieval="dense")
                     v = res.version
                 elif kind == "sql":
                     res = db.sql("SELECT phrase, score, support FROM MASKED(?) USING hybrid("
