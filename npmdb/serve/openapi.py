@@ -64,13 +64,16 @@ def schema(settings: Settings) -> dict[str, Any]:
                 "message": {"type": "string"}, "line": {"type": "integer"},
                 "column": {"type": "integer"}}}}},
         "FillMaskRequest": {"type": "object", "required": ["query"], "properties": {
-            "query": {"type": "string", "maxLength": s.max_query}, **options}},
+            "query": {"type": "string", "maxLength": s.max_query}, **options,
+            "retrieval": {"enum": ["bm25", "dense", "hybrid"], "default": "bm25",
+                          "description": "BM25 blocks; dense when exact is true"}}},
         "ClassifyRequest": {"type": "object", "required": ["query", "labels"], "properties": {
             "query": {"type": "string", "maxLength": s.max_query},
             "labels": {"type": "object", "additionalProperties": {
                 "oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}},
             "calibrate": {"type": "boolean", "default": False},
-            **{k: v for k, v in options.items() if k not in ("top", "alpha", "scoring",
+            "retrieval": {"enum": ["dense", "bm25", "hybrid"], "default": "dense"},
+            **{k: v for k, v in options.items() if k != "retrieval" and k not in ("top", "alpha", "scoring",
                                                              "group_by", "no_stopwords",
                                                              "not_in_query", "no_query_words",
                                                              "bm25_prior", "offset")}}},
