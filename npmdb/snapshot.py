@@ -123,7 +123,9 @@ class Snapshot:
             mask = np.ones(n_docs, dtype=bool)
             mask[np.asarray(dead, dtype=np.int64)] = False
         if self.doc_filter is not None:
-            key = (seg.seg, self.doc_filter.describe)
+            # the predicate is part of the key: two filters may share a description (the
+            # query language reuses one DocFilter per predicate text, so its masks still hit)
+            key = (seg.seg, self.doc_filter.describe, self.doc_filter.predicate)
             fmask = self._filter_cache.get(key)
             if fmask is None:
                 pred = self.doc_filter.predicate

@@ -356,6 +356,24 @@ def _describe(e: A.Expr) -> str:
     return expr_to_sql(e)
 
 
+# One DocFilter per document predicate's SQL text (bound values included, so the text
+# determines the predicate): the snapshot caches each filter's document mask by its
+# predicate, and a statement run again reuses it.
+_DOC_FILTERS: dict[str, DocFilter] = {}
+
+
+def _doc_filter(e: A.Expr, text: str) -> DocFilter:
+    describe = _describe(e)
+    found = _DOC_FILTERS.get(describe)
+    if found is None:
+        pred = _condition(e, text)
+        found = DocFilter(describe, lambda d: pred(_doc_row(d)))
+        if len(_DOC_FILTERS) >= 256:
+            _DOC_FILTERS.clear()
+        _DOC_FILTERS[describe] = found
+    return found
+
+
 # ================================================================ rows of each source
 
 def _doc_row(d: Any) -> Row:
@@ -454,10 +472,7 @@ def compile_plan(plan: L.Node, text: str) -> Compiled:
     leaf = nodes[-1]
     if isinstance(leaf, L.Empty):
         return Compiled(plan, leaf.source, columns, version=leaf.version)
-    doc_filter = None
-    if leaf.doc_filter is not None:
-        pred = _condition(leaf.doc_filter, text)
-        doc_filter = DocFilter(_describe(leaf.doc_filter), lambda d: pred(_doc_row(d)))
+    doc_filter = _doc_filter(leaf.doc_filter, text) if leaf.doc_filter is not None else None
     fns = [compile_expr(i.expr, text) for i in project.items]
     if leaf.source in ("SEARCH", "DOCUMENTS"):
         return _compile_rows(plan, nodes, columns, fns, doc_filter, text)

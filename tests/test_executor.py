@@ -121,3 +121,28 @@ def test_query_word_filters_pushed_into_aggregate_keep_the_answers(two_segments,
             assert [(x.text, x.score, x.support, x.evidence) for x in a.answers] == \
                 [(x.text, x.score, x.support, x.evidence) for x in b.answers]
             assert a.info["answers"] == b.info["answers"]
+
+
+def test_doc_filters_sharing_a_description_keep_their_own_documents(two_segments):
+    """The snapshot caches each filter's document mask; two filters with one description
+    but different predicates must not share it (a stale mask answered from the wrong
+    documents). The query language reuses one filter per predicate text, so a statement
+    run again still finds its mask."""
+    with npmdb.open(two_segments, readonly=True, progress=False) as db:
+        hits = db.search("Salem capital", limit=6, title=True)
+        ids = [h["doc_id"] for h in hits]
+        assert len(set(ids)) >= 4
+        q = "Salem is the capital of [MASK]."
+        got = []
+        for allowed in ({ids[0]}, {ids[3]}):
+            f = DocFilter("same description", lambda d, allowed=allowed: d.id in allowed)
+            res = db.fill_mask(q, top=5, evidence=5, doc_filter=f)
+            got.append({e.doc_id for a in res for e in a.evidence})
+        assert got[0] <= {ids[0]} and got[1] <= {ids[3]} and got[0] != got[1]
+        stmt = "SELECT phrase FROM MASKED(?) WHERE doc.id = ? LIMIT 3"
+        first = db.sql(stmt, [q, ids[0]])
+        assert db.sql(stmt, [q, ids[0]]).rows == first.rows
+        assert db.sql(stmt, [q, ids[3]]).rows != first.rows
+        before = len(db._filter_cache)
+        db.sql(stmt, [q, ids[0]])
+        assert len(db._filter_cache) == before   # the same predicate's masks were reused
