@@ -307,8 +307,8 @@ def cmd_demo(args) -> int:
         elif name == enc_names.SHIPPED_NAME:
             print(f"\nEncoder {name}: npmdb's shipped encoder (MiniLM trained with npmdb.train; "
                   "see README). Queries retrieve BM25 blocks by default (NPM's restricted mode; "
-                  "`npmdb query`, `fill_mask` and `npmdb eval` alike): dense retrieval alone finds answers of the right kind (an island "
-                  "group for an island group) but rarely the right one with an encoder this "
+                  "`npmdb query`, `fill_mask` and `npmdb eval` alike): dense retrieval alone "
+                  "finds answers of the right kind (an island group for an island group) but rarely the right one with an encoder this "
                   "small. `npmdb train DB --preset demo` fine-tunes it on a database's own "
                   "corpus; measure before you keep it (`npmdb eval DB QUESTIONS.jsonl --version 1 "
                   "--version 2`, or train with `--keep-if-better QUESTIONS.jsonl`): on this "

@@ -33,11 +33,6 @@ def _fail(text: str, node: Any, message: str, expected: Iterable[str] = ()) -> N
     raise error_at(text, getattr(node, "pos", None) or 0, message, tuple(expected))
 
 
-def _default(cls: type, name: str) -> Any:
-    """A spec field's default (a masked query retrieves by BM25, classification densely)."""
-    return next(f.default for f in fields(cls) if f.name == name)
-
-
 def _hint(word: str, candidates: Iterable[str]) -> str:
     close = difflib.get_close_matches(word.lower(), list(candidates), n=1, cutoff=0.6)
     return f"; did you mean {close[0]}?" if close else ""
@@ -346,8 +341,8 @@ class _Binder:
     def check_spec(self, cls: type, text: str, opts: dict[str, Any], **extra: Any) -> None:
         """Build the spec once so range errors point at the option that caused them."""
         fields_ = {k: v for k, v in opts.items() if k != "retrieval"}
-        retrieval = opts.get("retrieval", _default(cls, "retrieval"))
-        fields_["retrieval"] = "dense" if retrieval == "exact" else retrieval
+        if "retrieval" in opts:  # else the spec's default (masked: by exact; classify: dense)
+            fields_["retrieval"] = "dense" if opts["retrieval"] == "exact" else opts["retrieval"]
         try:
             cls(text, **extra, **fields_)
         except ProgrammingError as exc:

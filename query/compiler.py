@@ -356,22 +356,11 @@ def _describe(e: A.Expr) -> str:
     return expr_to_sql(e)
 
 
-# One DocFilter per document predicate's SQL text (bound values included, so the text
-# determines the predicate): the snapshot caches each filter's document mask by its
-# predicate, and a statement run again reuses it.
-_DOC_FILTERS: dict[str, DocFilter] = {}
-
-
 def _doc_filter(e: A.Expr, text: str) -> DocFilter:
-    describe = _describe(e)
-    found = _DOC_FILTERS.get(describe)
-    if found is None:
+    def make():
         pred = _condition(e, text)
-        found = DocFilter(describe, lambda d: pred(_doc_row(d)))
-        if len(_DOC_FILTERS) >= 256:
-            _DOC_FILTERS.clear()
-        _DOC_FILTERS[describe] = found
-    return found
+        return lambda d: pred(_doc_row(d))
+    return DocFilter.shared(_describe(e), make)
 
 
 # ================================================================ rows of each source

@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import math
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from npmdb.errors import ProgrammingError
 
@@ -28,6 +28,22 @@ class DocFilter:
 
     describe: str
     predicate: Any = field(compare=False, repr=False)  # Callable[[StoredDoc], bool]
+
+    @classmethod
+    def shared(cls, describe: str, make_predicate: Callable[[], Any]) -> "DocFilter":
+        """One filter per ``describe``, for descriptions that determine their predicate
+        (the query language's SQL text, bound values included): the snapshot caches each
+        filter's document masks by its predicate, so a statement run again reuses them."""
+        found = _SHARED.get(describe)
+        if found is None:
+            found = cls(describe, make_predicate())
+            if len(_SHARED) >= 256:
+                _SHARED.clear()
+            _SHARED[describe] = found
+        return found
+
+
+_SHARED: dict[str, DocFilter] = {}
 
 
 # Dense candidates per side. NPM's released code searches k = 4096; measured on dev-small
