@@ -477,3 +477,34 @@ def test_masked_queries_retrieve_bm25_blocks_by_default(tmp_path, tiny_encoder):
             db.fill_mask(q, retrieval="bm52")
     rc = main(["query", str(tmp_path / "db"), q, "--explain"])
     assert rc == 0
+
+
+def test_npmdb_query_times_the_query_not_the_encoders_load(tmp_path, tiny_encoder, capsys):
+    """A one-shot `npmdb query` loads the encoder before it times the query (the load is
+    seconds, once per process) and says how long the load took; an empty database loads
+    nothing and the query says why."""
+    import io
+
+    import npmdb
+    from npmdb.cli import _load_encoder, _print_result, main
+
+    q = "Where is Maiduguri? It is in [MASK]."
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:
+        db.add(TITLED)
+    with npmdb.open(tmp_path / "db", create=False, readonly=True, progress=False) as db:
+        assert not db._encoders._cache                # a fresh handle has loaded nothing
+        assert _load_encoder(db) > 0
+        loaded = db.encoder_for(0)
+        res = db.fill_mask(q)
+        assert db.encoder_for(0) is loaded            # the query used the loaded encoder
+        out = io.StringIO()
+        _print_result(res, load_s=2.5, out=out)
+        assert f"{res.elapsed_ms:.1f} ms (loading the encoder first took 2.5 s)" in out.getvalue()
+        out = io.StringIO()
+        _print_result(res, out=out)
+        assert "loading" not in out.getvalue()
+        assert _load_encoder(db, version=1) < 1       # cached: no second load
+    with npmdb.open(tmp_path / "empty", encoder=tiny_encoder, progress=False) as db:
+        assert _load_encoder(db) == 0.0
+    assert main(["query", str(tmp_path / "db"), q]) == 0
+    assert "-- version 1, generation 0" in capsys.readouterr().out
