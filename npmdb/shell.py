@@ -20,6 +20,7 @@ import json
 import os
 import re
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterable, TextIO
@@ -262,14 +263,30 @@ def with_version(statement: str, ref: int | str) -> str:
 class Shell:
     """The shell's state and its commands; :meth:`run` drives one session."""
 
-    def __init__(self, db: Any, *, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> None:
+    def __init__(self, db: Any, *, out: TextIO | None = None, err: TextIO | None = None
+                 ) -> None:
         self.db = db
-        self.out = out
-        self.err = err
+        self.out = sys.stdout if out is None else out   # looked up now, not at import
+        self.err = sys.stderr if err is None else err
         self.mode = "table"
         self.timer = False
         self.explain = False
         self.ref: int | str | None = None  # .checkout; None is HEAD
+
+    def load_encoder_in_background(self) -> threading.Thread:
+        """Start loading HEAD's encoder (torch and the model: seconds) while the user types,
+        so the first query does not wait for it; a query that comes sooner waits on the
+        encoders' lock for the same load. Where the encoder cannot be loaded (its model
+        directory is gone) this stops quietly: the first query says why."""
+        def load() -> None:
+            try:
+                self.db.encoder
+            except Error:
+                pass
+
+        t = threading.Thread(target=load, name="npmdb-shell-encoder", daemon=True)
+        t.start()
+        return t
 
     # -- output ----------------------------------------------------------------------
 
@@ -459,5 +476,9 @@ def main(db_path: str, *, stdin: TextIO | None = None) -> int:
     with npmdb.open(db_path, create=False, readonly=True, progress=False) as db:
         shell = Shell(db)
         if stdin.isatty():
-            return shell.run_interactive()
+            loading = shell.load_encoder_in_background()
+            try:
+                return shell.run_interactive()
+            finally:
+                loading.join()   # never close the database under a load in progress
         return shell.run_script(stdin)

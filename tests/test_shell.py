@@ -6,10 +6,14 @@ import io
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from npmdb.shell import Shell, format_rows, split_statements, with_version
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib
+from conftest import make_tiny_encoder  # noqa: E402
 
 Q = "'Doha is the capital of [MASK].'"
 
@@ -145,3 +149,42 @@ def test_terminal_session_history_and_completion(versioned_db_path, tmp_path):
     child.expect_exact("npmdb@1> ")
     child.sendeof()
     child.expect(pexpect.EOF)
+
+
+def test_an_interactive_session_loads_the_encoder_while_the_user_types(versioned_db_path,
+                                                                      tmp_path):
+    """The prompt starts loading HEAD's encoder in the background, so the first query does
+    not wait seconds for torch and the model; where the encoder cannot be loaded (its model
+    directory is gone) the background load stops quietly and the first query says why."""
+    import shutil
+    import threading
+
+    import npmdb
+
+    with npmdb.open(versioned_db_path, create=False, readonly=True, progress=False) as db:
+        out, err = io.StringIO(), io.StringIO()
+        sh = Shell(db, out=out, err=err)
+        assert not db._encoders._cache                # a fresh handle has loaded nothing
+        sh.load_encoder_in_background().join(timeout=120)
+        assert db._encoders._cache                    # loaded by the background thread
+        loaded = db.encoder
+        assert sh.execute(f"SELECT phrase FROM MASKED({Q}) LIMIT 1;")
+        assert db.encoder is loaded and "phrase" in out.getvalue() and not err.getvalue()
+
+    enc = make_tiny_encoder(tmp_path / "enc")
+    with npmdb.open(tmp_path / "db", encoder=enc, progress=False) as db:
+        db.add([{"id": "d", "text": "Doha is the capital of Qatar."}])
+    shutil.rmtree(enc)
+    failures = []
+    hook, threading.excepthook = threading.excepthook, failures.append
+    try:
+        with npmdb.open(tmp_path / "db", create=False, readonly=True, progress=False) as db:
+            err = io.StringIO()
+            sh = Shell(db, out=io.StringIO(), err=err)
+            t = sh.load_encoder_in_background()
+            t.join(timeout=120)
+            assert not t.is_alive() and not failures  # the thread ended without raising
+            assert not sh.execute(f"SELECT phrase FROM MASKED({Q}) LIMIT 1;")
+            assert "OperationalError" in err.getvalue(), err.getvalue()
+    finally:
+        threading.excepthook = hook
