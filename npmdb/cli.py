@@ -16,11 +16,13 @@ from .query.spec import DEFAULT_K
 
 __all__ = ["main"]
 
+#: What `npmdb demo` asks first, before three of the sample's cloze questions: questions
+#: whose answers the bundled sample holds (NPM's own example, "Hagios Demetrios is located
+#: in [MASK].", needs a Wikipedia corpus: the sample has no such church, and answered it
+#: "Java").
 DEMO_QUERIES = [
-    "Hagios Demetrios is located in [MASK].",
-    "Salem is the capital of [MASK].",
     "Thessaloniki is a city in [MASK].",
-    "The currency of Japan is the [MASK].",
+    "Salem is the capital of [MASK].",
 ]
 
 
@@ -297,7 +299,7 @@ def cmd_demo(args) -> int:
         else:
             print(f"using the existing database {path} ({db.count()} documents)")
         cloze = [json.loads(l) for l in open(sample_path("cloze.jsonl"), encoding="utf-8")][:3]
-        queries = DEMO_QUERIES[:2] + [c["query"] for c in cloze]
+        queries = DEMO_QUERIES + [c["query"] for c in cloze]
         for retrieval in ("bm25", "dense"):
             print(f"\n== retrieval={retrieval} (encoder: {db.encoder.info.name}, "
                   f"generation {db.stats()['generation']}) ==")

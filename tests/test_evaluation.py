@@ -275,3 +275,16 @@ def test_demo_reports_how_often_it_is_right(real_db_path, tmp_path, capsys):
     assert [r[2] for r in rows] == ["bm25", "dense"]
     assert all(0.0 <= float(r[3]) <= 100.0 for r in rows)
     assert "Queries retrieve BM25 blocks by default" in out
+
+
+def test_the_demo_asks_about_entities_the_bundled_sample_holds(sample_corpus):
+    """The demo's own questions come before the sample's cloze questions, so they are the
+    first answers a new user reads: each asks about an entity that has its own document in
+    the sample (NPM's "Hagios Demetrios is located in [MASK]." has none there, and got
+    "Java")."""
+    from npmdb.cli import DEMO_QUERIES
+
+    titles = {d["title"] for d in sample_corpus}
+    for q in DEMO_QUERIES:
+        subject = q.split(" is ")[0]
+        assert subject in titles, f"{q!r}: the sample has no document titled {subject!r}"
