@@ -340,7 +340,10 @@ def cmd_demo(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="npmdb", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="npmdb", description="An embedded datastore and query engine for nonparametric "
+        "masked language models: a [MASK] is filled with a phrase retrieved from the corpus. "
+        "Start with `npmdb demo`.")
     sub = p.add_subparsers(dest="command", required=True)
 
     a = sub.add_parser("add", help="add documents (JSONL[.gz], Parquet, CSV, text files)")
