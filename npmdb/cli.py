@@ -431,7 +431,10 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("db")
     tr.add_argument("--preset", default=None, choices=("default", "demo"),
                     help="hyperparameters: 'demo' is the recipe tuned for the bundled sample "
-                         "on 2 CPU cores (400 steps, 32 blocks, lr 1e-4); flags below override")
+                         "on 2 CPU cores (400 steps, 32 blocks, lr 1e-4); 'default' is NPM's "
+                         "(16 blocks, lr 3e-5; give --steps), also what no preset means; "
+                         "flags below override. The shipped encoder's own recipe is "
+                         "`make encoder` (python -m npmdb.train.recipe)")
     tr.add_argument("--steps", type=int, default=None, help="optimizer steps (required "
                     "unless --preset sets them)")
     tr.add_argument("--batch-blocks", type=int, default=None, help="blocks per batch (16)")
