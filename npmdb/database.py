@@ -105,7 +105,8 @@ class Database:
         if not exists:
             if readonly or not create:
                 raise OperationalError(f"no npmdb database at {self.path}: pass create=True "
-                                       "(and readonly=False) to make one")
+                                       "(and readonly=False) to make one, or from the shell "
+                                       f"`npmdb add {self.path} FILE`")
             if self.path.exists() and not self.path.is_dir():
                 raise OperationalError(f"{self.path} exists and is not a directory")
             if self.path.exists() and any(p for p in self.path.iterdir()

@@ -360,7 +360,7 @@ def test_not_a_database_directory(tmp_path):
     (tmp_path / "dir" / "notes.txt").write_text("x")
     with pytest.raises(npmdb.OperationalError, match="non-empty directory"):
         npmdb.open(tmp_path / "dir")
-    with pytest.raises(npmdb.OperationalError, match="no npmdb database"):
+    with pytest.raises(npmdb.OperationalError, match="no npmdb database.*create=True.*npmdb add"):
         npmdb.open(tmp_path / "missing", create=False)
 
 
