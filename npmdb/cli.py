@@ -47,21 +47,6 @@ def _print_result(res, *, evidence: bool = True, load_s: float = 0.0, out=None) 
           f"{res.elapsed_ms:.1f} ms{loaded}", file=out)
 
 
-def _load_encoder(db, version=None) -> float:
-    """Loads the encoder that a query at ``version`` (HEAD by default) uses and returns the
-    seconds it took, so that a one-shot command times the query, not the model's load (a
-    few seconds, paid once per process). A database with nothing to query loads nothing:
-    the query says why."""
-    t0 = time.perf_counter()
-    try:
-        with db.snapshot(version) as snap:
-            gen = snap.generation
-        db.encoder_for(gen)
-    except Error:
-        return 0.0
-    return time.perf_counter() - t0
-
-
 def _print_table(columns, rows, out) -> None:
     cells = [[_cell(v) for v in r] for r in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
@@ -100,6 +85,7 @@ def cmd_add(args) -> int:
 
 def cmd_query(args) -> int:
     import npmdb
+    from .encoders import preload
 
     with npmdb.open(args.db, create=False, readonly=True, progress=False) as db:
         opts = dict(top=args.top, k=args.k, mode=args.mode, retrieval=args.retrieval,
@@ -107,7 +93,7 @@ def cmd_query(args) -> int:
                     exact=args.exact)
         if args.version is not None:
             opts["version"] = args.version
-        load_s = _load_encoder(db, args.version)
+        load_s = preload(db, args.version)
         res = db.fill_mask(args.query, **opts)
         if args.json:
             print(json.dumps(res.to_list(), ensure_ascii=False, indent=1))
@@ -328,8 +314,9 @@ def cmd_demo(args) -> int:
             print(f"\nEncoder {name}: npmdb's shipped encoder (MiniLM trained with npmdb.train; "
                   "see README). Queries retrieve BM25 blocks by default (NPM's restricted mode; "
                   "`npmdb query`, `fill_mask` and `npmdb eval` alike): dense retrieval alone "
-                  "finds answers of the right kind (an island group for an island group) but rarely the right one with an encoder this "
-                  "small. `npmdb train DB --preset demo` fine-tunes it on a database's own "
+                  "finds answers of the right kind (an island group for an island group) but "
+                  "rarely the right one with an encoder this small. `npmdb train DB --preset "
+                  "demo` fine-tunes it on a database's own "
                   "corpus; measure before you keep it (`npmdb eval DB QUESTIONS.jsonl --version 1 "
                   "--version 2`, or train with `--keep-if-better QUESTIONS.jsonl`): on this "
                   "sample corpus and on dev it adds no bm25 points and loses translation "

@@ -8,17 +8,18 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from . import encoder as enc_mod
-from .errors import OperationalError
+from .errors import Error, OperationalError
 from npmdb.storage import format as F
 from npmdb.storage.env import Env
 from npmdb.storage.paths import remove_dir
 from npmdb.storage.segments import fsync_dir
 
-__all__ = ["Encoders", "save_checkpoint", "TOKENIZER_FILES"]
+__all__ = ["Encoders", "preload", "save_checkpoint", "TOKENIZER_FILES"]
 
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json",
                    "special_tokens_map.json", "merges.txt", "vocab.json", "sentencepiece.bpe.model")
@@ -124,3 +125,19 @@ def save_checkpoint(model: Any, target: Path, tokenizer_dirs: list[Path]) -> Non
     remove_dir(target)
     os.replace(tmp, target)
     fsync_dir(target.parent)
+
+
+def preload(db: Any, version: int | str | None = None) -> float:
+    """Load the encoder that a query of ``db`` at ``version`` (HEAD by default) uses, ahead
+    of the query, and return the seconds it took: torch and the model take seconds, once
+    per process, so a one-shot command can time the query alone and a prompt can load while
+    the user types. Where nothing can be loaded (no such version, an empty database, a
+    missing model) it loads nothing and returns 0.0: the query itself says why."""
+    t0 = time.perf_counter()
+    try:
+        with db.snapshot(version) as snap:
+            gen = snap.generation
+        db.encoder_for(gen)
+    except Error:
+        return 0.0
+    return time.perf_counter() - t0

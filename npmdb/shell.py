@@ -278,13 +278,10 @@ class Shell:
         so the first query does not wait for it; a query that comes sooner waits on the
         encoders' lock for the same load. Where the encoder cannot be loaded (its model
         directory is gone) this stops quietly: the first query says why."""
-        def load() -> None:
-            try:
-                self.db.encoder
-            except Error:
-                pass
+        from .encoders import preload
 
-        t = threading.Thread(target=load, name="npmdb-shell-encoder", daemon=True)
+        t = threading.Thread(target=preload, args=(self.db,), name="npmdb-shell-encoder",
+                             daemon=True)
         t.start()
         return t
 

@@ -486,14 +486,15 @@ def test_npmdb_query_times_the_query_not_the_encoders_load(tmp_path, tiny_encode
     import io
 
     import npmdb
-    from npmdb.cli import _load_encoder, _print_result, main
+    from npmdb.cli import _print_result, main
+    from npmdb.encoders import preload
 
     q = "Where is Maiduguri? It is in [MASK]."
     with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:
         db.add(TITLED)
     with npmdb.open(tmp_path / "db", create=False, readonly=True, progress=False) as db:
         assert not db._encoders._cache                # a fresh handle has loaded nothing
-        assert _load_encoder(db) > 0
+        assert preload(db) > 0
         loaded = db.encoder_for(0)
         res = db.fill_mask(q)
         assert db.encoder_for(0) is loaded            # the query used the loaded encoder
@@ -503,8 +504,8 @@ def test_npmdb_query_times_the_query_not_the_encoders_load(tmp_path, tiny_encode
         out = io.StringIO()
         _print_result(res, out=out)
         assert "loading" not in out.getvalue()
-        assert _load_encoder(db, version=1) < 1       # cached: no second load
+        assert preload(db, version=1) < 1       # cached: no second load
     with npmdb.open(tmp_path / "empty", encoder=tiny_encoder, progress=False) as db:
-        assert _load_encoder(db) == 0.0
+        assert preload(db) == 0.0
     assert main(["query", str(tmp_path / "db"), q]) == 0
     assert "-- version 1, generation 0" in capsys.readouterr().out
