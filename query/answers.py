@@ -24,11 +24,12 @@ from .operators import (
 from .surfaces import (  # re-exported: the answer stages' view of occurrences
     Located, Surfaces, locate, locate_in, snippet, surface, surfaces_of, widen_to_words,
 )
+from .subjects import SubjectNames
 from .text import fold
 
 __all__ = [
     "AssembleSpans", "ScoreSpans", "ScoreTokens", "Aggregate", "ClassifyLabels",
-    "FilterAnswers", "OrderBy", "Limit", "AttachEvidence", "Surfaces", "Located", "locate",
+    "FilterAnswers", "DropSubjectNames", "OrderBy", "Limit", "AttachEvidence", "Surfaces", "Located", "locate",
     "locate_in", "snippet", "surface", "span_sims", "token_sims", "scores_from_sims",
     "widen_to_words", "block_prior",
 ]
@@ -295,11 +296,15 @@ class Aggregate(Operator):
     # FilterAnswers above them then keep every answer they get)
     keep_text: Callable[[str], bool] | None = field(default=None, compare=False, repr=False)
     keep_describe: str = ""
+    # not_subject_name with top_n: the query whose subject's names are left out too
+    # (:class:`DropSubjectNames`' test, asked with the query-word filters)
+    subject: str = ""
 
     def detail(self) -> str:
+        kept = "; ".join(d for d in (self.keep_describe, self.subject and SUBJECT_DESCRIBE) if d)
         return _fmt(group_by=self.group_by, alpha=self.alpha) + (
             f", top_n={self.top_n}" if self.top_n else "") + (
-            f" of those kept by: {self.keep_describe}" if self.keep_describe else "")
+            f" of those kept by: {kept}" if kept else "")
 
     def run(self, st: ExecState) -> Answers:
         occ = st.input(self, Occurrences)
@@ -308,15 +313,16 @@ class Aggregate(Operator):
         sf = surfaces_of(st, occ)
         keys = sf.group_keys(self.group_by)
         scores, n_tokens = np.asarray(occ.score, np.float64), occ.e - occ.s + 1
-        if self.keep_text is not None and not self.alpha and 0 < self.top_n <= 32:
-            groups = self._top_kept(keys, sf.texts, scores, n_tokens, st.info)
-        elif self.keep_text is None:
+        keep = self._keep(st, occ)
+        if keep is not None and not self.alpha and 0 < self.top_n <= 32:
+            groups = self._top_kept(keys, sf.texts, scores, n_tokens, st.info, keep)
+        elif keep is None:
             st.info["answers"] = len(set(keys))
             groups = _make_groups(keys, sf.texts, scores, n_tokens, alpha=self.alpha,
                                   top_n=self.top_n)
         else:  # the occurrences of kept answers only; group members back to occ's rows
             st.info["answers"] = len(set(keys))
-            sel = np.flatnonzero(self._kept(keys, scores))
+            sel = np.flatnonzero(self._kept(keys, scores, keep))
             groups = _make_groups([keys[i] for i in sel.tolist()],
                                   lambda idx: sf.texts(sel[np.asarray(idx, np.int64)].tolist()),
                                   scores[sel], n_tokens[sel], alpha=self.alpha,
@@ -328,41 +334,55 @@ class Aggregate(Operator):
                 g.text = sf.doc_id(*g.key)
         return Answers(groups, occ, st.info["answers"])
 
+    def _keep(self, st: ExecState, occ: Occurrences
+              ) -> Callable[[str, Callable[[], np.ndarray]], bool] | None:
+        """The filters asked before the ``top_n`` are chosen, as one test of an answer's
+        folded text and (asked for only when the text passes) its occurrences; None: no
+        filter."""
+        text, names = self.keep_text, (not_subject_names(st, occ, self.subject)
+                                       if self.subject else None)
+        if text is None and names is None:
+            return None
+        return lambda key, members: (text is None or bool(text(key))) and (
+            names is None or names(members()))
+
     def _top_kept(self, keys: list, texts_of: Callable[[list[int]], list[str]],
-                  scores: np.ndarray, n_tokens: np.ndarray, info: dict) -> list[Group]:
-        """The common ``ORDER BY score LIMIT n`` under query-word filters, grouped once:
-        answers ranked by summed score (ties: first seen), ``keep_text`` asked best first
+                  scores: np.ndarray, n_tokens: np.ndarray, info: dict,
+                  keep: Callable[[str, Callable[[], np.ndarray]], bool]) -> list[Group]:
+        """The common ``ORDER BY score LIMIT n`` under answer filters, grouped once:
+        answers ranked by summed score (ties: first seen), ``keep`` asked best first
         until ``top_n`` pass; they come back in first-seen order with their members and
         best occurrence, as :func:`_make_groups` builds them."""
         gid, distinct = S.group_keys(keys)
         info["answers"] = len(distinct)
         sums = np.bincount(gid, weights=scores, minlength=len(distinct))
-        kept = sorted(self._best_kept(distinct, sums))
+        kept = sorted(self._best_kept(distinct, sums, gid, keep))
         members = [np.flatnonzero(gid == g) for g in kept]
         best = [int(m[np.argmax(scores[m])]) for m in members]  # ties: first seen
         return [Group(distinct[g], t, float(sums[g]), int(n_tokens[b]), m) for g, t, b, m in
                 zip(kept, texts_of(best), best, members)]
 
-    def _kept(self, keys: list, scores: np.ndarray) -> np.ndarray:
-        """Per occurrence: is its answer kept by ``keep_text``? Ranked by summed score
+    def _kept(self, keys: list, scores: np.ndarray,
+              keep: Callable[[str, Callable[[], np.ndarray]], bool]) -> np.ndarray:
+        """Per occurrence: is its answer kept by ``keep``? Ranked by summed score
         (alpha 0), only answers down to the ``top_n``-th kept one are looked at."""
-        assert self.keep_text is not None
         gid, distinct = S.group_keys(keys)
         ok = np.zeros(len(distinct), dtype=bool)
         if self.alpha or not self.top_n:
-            ok[:] = [bool(self.keep_text(k)) for k in distinct]
+            ok[:] = [keep(k, lambda g=g: np.flatnonzero(gid == g))
+                     for g, k in enumerate(distinct)]
             return ok[gid]
-        ok[self._best_kept(distinct, np.bincount(gid, weights=scores,
-                                                 minlength=len(distinct)))] = True
+        ok[self._best_kept(distinct, np.bincount(gid, weights=scores, minlength=len(distinct)),
+                           gid, keep)] = True
         return ok[gid]
 
-    def _best_kept(self, distinct: list, sums: np.ndarray) -> list[int]:
-        """The ``top_n`` best answers (by summed score, ties first seen) that ``keep_text``
-        keeps, best first; ``keep_text`` is asked only down to the last of them."""
-        assert self.keep_text is not None
+    def _best_kept(self, distinct: list, sums: np.ndarray, gid: np.ndarray,
+                   keep: Callable[[str, Callable[[], np.ndarray]], bool]) -> list[int]:
+        """The ``top_n`` best answers (by summed score, ties first seen) that ``keep``
+        keeps, best first; ``keep`` is asked only down to the last of them."""
         kept: list[int] = []
         for g in np.lexsort((np.arange(len(distinct)), -sums)).tolist():
-            if self.keep_text(distinct[g]):
+            if keep(distinct[g], lambda g=g: np.flatnonzero(gid == g)):
                 kept.append(g)
                 if len(kept) == self.top_n:
                     break
@@ -443,6 +463,57 @@ class FilterAnswers(Operator):
         ans = st.input(self, Answers)
         kept = [g for g in ans.groups if self.predicate(g)]
         return replace(ans, groups=kept, count=len(kept))
+
+
+SUBJECT_DESCRIBE = "answer not only a name of the query's subject"
+
+
+@dataclass(frozen=True)
+class DropSubjectNames(Operator):
+    """``not_subject_name``: drop the answers found only in entry heads that name the
+    query's subject (:mod:`npmdb.query.subjects`: "WA" in "Washington (Evergreen State,
+    WA): ..." for a query about Washington). An answer with any other occurrence stays,
+    with its score. Answers are checked in their order until ``keep`` are kept (0: all);
+    the rest pass unchecked, for the limit above to cut."""
+
+    query: str
+    keep: int = 0
+    children: tuple = ()
+
+    def detail(self) -> str:
+        return SUBJECT_DESCRIBE + (f", first {self.keep}" if self.keep else "")
+
+    def run(self, st: ExecState) -> Answers:
+        ans = st.input(self, Answers)
+        answers_not_names = not_subject_names(st, ans.occ, self.query)
+        kept: list[Group] = []
+        for n, g in enumerate(ans.groups):
+            if self.keep and len(kept) == self.keep:
+                kept += ans.groups[n:]
+                break
+            if answers_not_names(g.idx):
+                kept.append(g)
+        return replace(ans, groups=kept, count=len(kept))
+
+
+def not_subject_names(st: ExecState, occ: Occurrences, query: str
+                      ) -> Callable[[np.ndarray], bool]:
+    """Whether an answer with occurrences ``idx`` of ``occ`` has one outside the entry
+    heads that name the subject of ``query`` (each document's head is read once)."""
+    names, heads = SubjectNames(query), {}  # doc id -> its head's end (0: none)
+
+    def outside(at: Located) -> bool:
+        end = heads.get(at.doc.id)
+        if end is None:
+            end = heads[at.doc.id] = names.head_end(at.doc.title or "", at.doc.text)
+        return at.start >= end
+
+    def check(idx: np.ndarray) -> bool:
+        idx = np.asarray(idx).tolist()  # most answers show one outside in their first few
+        return any(outside(at) for at in locate(st, occ, idx[:4])) or (
+            len(idx) > 4 and any(outside(at) for at in locate(st, occ, idx[4:])))
+
+    return check
 
 
 @dataclass(frozen=True)

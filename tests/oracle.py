@@ -50,6 +50,29 @@ def _query_grams(text: str) -> set[str]:
     return grams
 
 
+def _subject_head_end(title: str, text: str, query: str) -> int:
+    """DESIGN.md's entry head: ``text`` starts with ``title``, then optionally its other
+    names in brackets, then ": " (within the first 400 characters). Where the title or one
+    of those names (not a stopword) is a whole-word run of the query, the head's end; else
+    0."""
+    from npmdb.boundaries import STOPWORDS
+
+    if not title or not text.startswith(title):
+        return 0
+    colon = text.find(": ", len(title))
+    if colon < 0 or colon + 2 > 400:
+        return 0
+    between = text[len(title):colon]
+    if between and not re.fullmatch(r" \(.*\)", between, flags=re.DOTALL):
+        return 0
+    names = [title] + [n.strip() for n in between[2:-1].split(",")] if between else [title]
+    q = fold(MASK_RE.sub(" ", query))
+    for n in map(fold, names):
+        if n and n not in STOPWORDS and re.search(rf"(?<!\w){re.escape(n)}(?!\w)", q):
+            return colon
+    return 0
+
+
 def _softmax(x: np.ndarray, tau: float) -> np.ndarray:
     z = np.asarray(x, dtype=np.float64) / tau
     z = z - z.max()
@@ -251,11 +274,12 @@ class Oracle:
                   k: int = 1024, blocks: int = 3, max_len: int = 10, tau: float = 1.0,
                   alpha: float = 0.0, scoring: str = "npm", qv=None,
                   not_in_query: bool = True, no_query_words: bool = True,
-                  bm25_prior: float = 0.5) -> OracleResult:
+                  not_subject_name: bool = True, bm25_prior: float = 0.5) -> OracleResult:
         """All answers (not only the top few) of a masked query. ``scoring='raw'`` is
         DensePhrases' ``sim_s + sim_e`` instead of NPM's ``P_s + P_e``. ``not_in_query``
         drops answers whose words are a run of the query's words, ``no_query_words`` those
-        holding any word of the query that is not a stopword (npmdb's defaults).
+        holding any word of the query that is not a stopword, ``not_subject_name`` those
+        found only in entry heads that name the query's subject (npmdb's defaults).
         ``bm25_prior``: each candidate's similarity gains that times its BM25 block's
         text score before scoring (candidates are chosen by the plain similarity)."""
         qv = qv if qv is not None else self.encode(text, mode)
@@ -317,6 +341,11 @@ class Oracle:
 
             words = set(re.findall(r"\w+", MASK_RE.sub(" ", text).casefold())) - STOPWORDS
             for key in [k for k in answers if words & set(re.findall(r"\w+", k))]:
+                del answers[key]
+        if not_subject_name:
+            heads = {d[0]: _subject_head_end(d[1], d[2], text) for d in self.docs}
+            for key in [k for k, a in answers.items()
+                        if all(start < heads[doc] for doc, start, _, _ in a.occurrences)]:
                 del answers[key]
         return res
 

@@ -509,3 +509,77 @@ def test_npmdb_query_times_the_query_not_the_encoders_load(tmp_path, tiny_encode
         assert preload(db) == 0.0
     assert main(["query", str(tmp_path / "db"), q]) == 0
     assert "-- version 1, generation 0" in capsys.readouterr().out
+
+
+def test_entry_head_is_the_restated_title_and_its_other_names():
+    from npmdb.query.subjects import SubjectNames, entry_head
+
+    text = "Washington (Evergreen State, WA): a state in the northwestern United States"
+    head = entry_head("Washington", text)
+    assert head is not None and text[:head.end] == "Washington (Evergreen State, WA)"
+    assert head.names == ("Washington", "Evergreen State", "WA")
+    assert entry_head("Kabul", "Kabul: the capital of Afghanistan").names == ("Kabul",)
+    assert entry_head("Kabul", "The capital: Kabul") is None          # the title not restated
+    assert entry_head("Kabul", "Kabul is the capital. Note: big") is None   # not a head
+    assert entry_head("", "Kabul: x") is None
+    names = SubjectNames("Washington, which is an american state, is part of [MASK].")
+    assert names.names_subject(head)
+    assert names.head_end("Washington", text) == head.end
+    assert not SubjectNames("Where is Oregon? It is in [MASK].").names_subject(head)
+    # a name that is a stopword never matches ("OR" for Oregon against "or")
+    oregon = entry_head("Oregon", "Oregon (Beaver State, OR): a state")
+    assert not SubjectNames("Is it here or in [MASK]?").names_subject(oregon)
+    assert not SubjectNames("Washingtonia grows in [MASK].").names_subject(head)  # whole words
+
+
+SUBJECTS = [
+    {"id": "wa", "title": "Washington",
+     "text": "Washington (Evergreen State, WA): a state in the northwestern United States."},
+    {"id": "or", "title": "Oregon",
+     "text": "Oregon (Beaver State, OR): a state in the northwestern United States, south of WA."},
+]
+
+
+def test_not_subject_name_drops_answers_found_only_as_the_subjects_names(tmp_path, tiny_encoder):
+    """"WA" in Washington's head is a name of the query's subject; an answer with an
+    occurrence anywhere else (WA in Oregon's text) stays, as do other entries' heads."""
+    import npmdb
+    from npmdb.query.subjects import SubjectNames, entry_head
+
+    q = "Washington, an American state, is part of [MASK]."
+    names = SubjectNames(q)
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:
+        db.add(SUBJECTS)
+        kw = dict(retrieval="bm25", top=500, evidence=50, no_query_words=False,
+                  not_in_query=False)
+        plain = db.fill_mask(q, not_subject_name=False, **kw)
+        texts = {d["id"]: d for d in SUBJECTS}
+
+        def only_in_heads(a) -> bool:
+            return all(e.start < names.head_end(texts[e.doc_id]["title"], texts[e.doc_id]["text"])
+                       for e in a.evidence)
+
+        dropped = [a.text for a in plain if only_in_heads(a)]
+        assert "Evergreen State" in dropped and "WA" not in dropped
+        kept = db.fill_mask(q, **kw)                                   # the default
+        assert [a.text for a in db.fill_mask(q, not_subject_name=True, **kw)] == \
+            [a.text for a in kept]
+        assert [a.text for a in kept] == [a.text for a in plain if not only_in_heads(a)]
+        assert [a.score for a in kept] == [a.score for a in plain if not only_in_heads(a)]
+        assert "Beaver State" in [a.text for a in kept]       # another entry's head
+        assert "answer not only a name of the query's subject" in kept.plan
+        for top in (1, 3):  # checked lazily up to the limit: the same first answers
+            got = db.fill_mask(q, **{**kw, "top": top})
+            assert [a.text for a in got] == [a.text for a in kept][:top]
+        sql = "SELECT phrase FROM MASKED(?) USING bm25 WITH {}no_query_words = FALSE, " \
+              "not_in_query = FALSE LIMIT 500"
+        assert [r[0] for r in db.sql(sql.format(""), [q]).rows] == [a.text for a in kept]
+        assert [r[0] for r in db.sql(sql.format("not_subject_name = FALSE, "), [q]).rows] == \
+            [a.text for a in plain]
+        # an answer filter (WHERE) or another order: the check runs above the order
+        where = db.sql(sql.replace("LIMIT", "WHERE length(phrase) < 3 LIMIT").format(""), [q])
+        assert "answer not only a name of the query's subject, first 500" in where.plan
+        assert [r[0] for r in where.rows] == [a.text for a in kept if len(a.text.split()) < 3]
+        assert entry_head("Oregon", texts["or"]["text"]) is not None
+        with pytest.raises(npmdb.ProgrammingError, match="not_subject_name must be True or False"):
+            db.fill_mask(q, not_subject_name="yes")

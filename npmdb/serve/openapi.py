@@ -46,6 +46,9 @@ def schema(settings: Settings) -> dict[str, Any]:
         "no_stopwords": {"type": "boolean"},
         "not_in_query": {"type": "boolean", "default": True},
         "no_query_words": {"type": "boolean", "default": True},
+        "not_subject_name": {"type": "boolean", "default": True,
+                             "description": "drop answers found only as names of the query's "
+                                            "subject in an entry's head"},
         "bm25_title": {"type": "boolean", "default": True},
         "bm25_question": {"type": "boolean", "default": False},
         "bm25_prior": {"type": "number", "default": 0.5, "minimum": 0, "maximum": 100,
@@ -75,7 +78,8 @@ def schema(settings: Settings) -> dict[str, Any]:
             **{k: v for k, v in options.items() if k not in ("top", "alpha", "scoring",
                                                              "group_by", "no_stopwords",
                                                              "not_in_query", "no_query_words",
-                                                             "bm25_prior", "offset")}}},
+                                                             "not_subject_name", "bm25_prior",
+                                                             "offset")}}},
         "Evidence": {"type": "object", "properties": {
             "doc_id": {"type": "string"}, "title": {"type": "string"},
             "start": {"type": "integer"}, "end": {"type": "integer"},
