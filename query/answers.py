@@ -29,8 +29,8 @@ from .text import fold
 
 __all__ = [
     "AssembleSpans", "ScoreSpans", "ScoreTokens", "Aggregate", "ClassifyLabels",
-    "FilterAnswers", "DropSubjectNames", "OrderBy", "Limit", "AttachEvidence", "Surfaces", "Located", "locate",
-    "locate_in", "snippet", "surface", "span_sims", "token_sims", "scores_from_sims",
+    "FilterAnswers", "DropSubjectNames", "OrderBy", "Limit", "AttachEvidence", "Surfaces",
+    "Located", "locate", "locate_in", "snippet", "surface", "span_sims", "token_sims", "scores_from_sims",
     "widen_to_words", "block_prior",
 ]
 
@@ -499,21 +499,39 @@ class DropSubjectNames(Operator):
 def not_subject_names(st: ExecState, occ: Occurrences, query: str
                       ) -> Callable[[np.ndarray], bool]:
     """Whether an answer with occurrences ``idx`` of ``occ`` has one outside the entry
-    heads that name the subject of ``query`` (each document's head is read once)."""
-    names, heads = SubjectNames(query), {}  # doc id -> its head's end (0: none)
+    heads that name the subject of ``query`` (each document is read once: from this
+    process's snapshot, or located by the shards that own the occurrences)."""
+    names, heads = SubjectNames(query), {}  # document -> its head's end (0: none)
 
-    def outside(at: Located) -> bool:
-        end = heads.get(at.doc.id)
+    def outside(key: Any, start: int, doc: Callable[[], Any]) -> bool:
+        end = heads.get(key)
         if end is None:
-            end = heads[at.doc.id] = names.head_end(at.doc.title or "", at.doc.text)
-        return at.start >= end
+            d = doc()
+            end = heads[key] = names.head_end(d.title or "", d.text)
+        return start >= end
 
-    def check(idx: np.ndarray) -> bool:
-        idx = np.asarray(idx).tolist()  # most answers show one outside in their first few
-        return any(outside(at) for at in locate(st, occ, idx[:4])) or (
-            len(idx) > 4 and any(outside(at) for at in locate(st, occ, idx[4:])))
+    where: list[np.ndarray] = []  # every occurrence's document and start, found once
 
-    return check
+    def local(idx: np.ndarray) -> bool:
+        snap = st.snapshot
+        if not where:
+            doc, start = np.zeros(len(occ.s), np.int64), np.zeros(len(occ.s), np.int64)
+            for si in S.sorted_unique(occ.seg).tolist():
+                m = occ.seg == si
+                cols = snap.columns(si)
+                doc[m] = cols.block_doc[cols.block_of(occ.s[m])]
+                start[m] = cols.offsets[occ.s[m], 0]
+            where.extend((doc, start))
+        return any(outside((si, d), a, lambda si=si, d=d: snap.segments[si].doc(snap.txn, d))
+                   for si, d, a in zip(occ.seg[idx].tolist(), where[0][idx].tolist(),
+                                       where[1][idx].tolist()))
+
+    def sharded(idx: np.ndarray) -> bool:
+        ids = idx.tolist()  # most answers show one outside in their first few
+        return any(outside(at.doc.id, at.start, lambda at=at: at.doc)
+                   for part in (ids[:4], ids[4:]) if part for at in locate(st, occ, part))
+
+    return lambda idx: (local if occ.surfaces is None else sharded)(np.asarray(idx, np.int64))
 
 
 @dataclass(frozen=True)
