@@ -24,12 +24,13 @@ from .operators import (
 from .surfaces import (  # re-exported: the answer stages' view of occurrences
     Located, Surfaces, locate, locate_in, snippet, surface, surfaces_of, widen_to_words,
 )
+from .names import name_fragment
 from .subjects import SubjectNames
 from .text import fold
 
 __all__ = [
     "AssembleSpans", "ScoreSpans", "ScoreTokens", "Aggregate", "ClassifyLabels",
-    "FilterAnswers", "DropSubjectNames", "OrderBy", "Limit", "AttachEvidence", "Surfaces",
+    "FilterAnswers", "AnswerRules", "FilterByOccurrence", "OrderBy", "Limit", "AttachEvidence", "Surfaces",
     "Located", "locate", "locate_in", "snippet", "surface", "span_sims", "token_sims", "scores_from_sims",
     "widen_to_words", "block_prior",
 ]
@@ -296,12 +297,12 @@ class Aggregate(Operator):
     # FilterAnswers above them then keep every answer they get)
     keep_text: Callable[[str], bool] | None = field(default=None, compare=False, repr=False)
     keep_describe: str = ""
-    # not_subject_name with top_n: the query whose subject's names are left out too
-    # (:class:`DropSubjectNames`' test, asked with the query-word filters)
-    subject: str = ""
+    # with top_n: where an answer was found is asked too (:class:`FilterByOccurrence`'s
+    # rules, asked with the query-word filters)
+    rules: AnswerRules = field(default_factory=lambda: AnswerRules())
 
     def detail(self) -> str:
-        kept = "; ".join(d for d in (self.keep_describe, self.subject and SUBJECT_DESCRIBE) if d)
+        kept = "; ".join(d for d in (self.keep_describe, self.rules.describe()) if d)
         return _fmt(group_by=self.group_by, alpha=self.alpha) + (
             f", top_n={self.top_n}" if self.top_n else "") + (
             f" of those kept by: {kept}" if kept else "")
@@ -339,8 +340,8 @@ class Aggregate(Operator):
         """The filters asked before the ``top_n`` are chosen, as one test of an answer's
         folded text and (asked for only when the text passes) its occurrences; None: no
         filter."""
-        text, names = self.keep_text, (not_subject_names(st, occ, self.subject)
-                                       if self.subject else None)
+        text, names = self.keep_text, (occurrence_check(st, occ, self.rules)
+                                       if self.rules else None)
         if text is None and names is None:
             return None
         return lambda key, members: (text is None or bool(text(key))) and (
@@ -465,70 +466,86 @@ class FilterAnswers(Operator):
         return replace(ans, groups=kept, count=len(kept))
 
 
-SUBJECT_DESCRIBE = "answer not only a name of the query's subject"
+@dataclass(frozen=True)
+class AnswerRules:
+    """Rules on where an answer was found: an answer needs one occurrence that passes
+    every rule that is on. ``subject``: the query whose subject's names (entry heads,
+    :mod:`npmdb.query.subjects`) are no answer (``not_subject_name``); ``whole_names``:
+    a fragment of a longer capitalised name is no answer (:mod:`npmdb.query.names`)."""
+
+    subject: str = ""
+    whole_names: bool = False
+
+    def __bool__(self) -> bool:
+        return bool(self.subject) or self.whole_names
+
+    def describe(self) -> str:
+        return "; ".join(d for on, d in (
+            (self.subject, "answer not only a name of the query's subject"),
+            (self.whole_names, "answer not only part of a longer name")) if on)
 
 
 @dataclass(frozen=True)
-class DropSubjectNames(Operator):
-    """``not_subject_name``: drop the answers found only in entry heads that name the
-    query's subject (:mod:`npmdb.query.subjects`: "WA" in "Washington (Evergreen State,
-    WA): ..." for a query about Washington). An answer with any other occurrence stays,
-    with its score. Answers are checked in their order until ``keep`` are kept (0: all);
-    the rest pass unchecked, for the limit above to cut."""
+class FilterByOccurrence(Operator):
+    """Drop the answers none of whose occurrences passes ``rules`` ("WA" found only in
+    "Washington (Evergreen State, WA): ..." for a query about Washington; "New" found only
+    in "New York"). An answer kept keeps its score. Answers are checked in their order
+    until ``keep`` are kept (0: all); the rest pass unchecked, for the limit above to cut."""
 
-    query: str
+    rules: AnswerRules
     keep: int = 0
     children: tuple = ()
 
     def detail(self) -> str:
-        return SUBJECT_DESCRIBE + (f", first {self.keep}" if self.keep else "")
+        return self.rules.describe() + (f", first {self.keep}" if self.keep else "")
 
     def run(self, st: ExecState) -> Answers:
         ans = st.input(self, Answers)
-        answers_not_names = not_subject_names(st, ans.occ, self.query)
+        passes = occurrence_check(st, ans.occ, self.rules)
         kept: list[Group] = []
         for n, g in enumerate(ans.groups):
             if self.keep and len(kept) == self.keep:
                 kept += ans.groups[n:]
                 break
-            if answers_not_names(g.idx):
+            if passes(g.idx):
                 kept.append(g)
         return replace(ans, groups=kept, count=len(kept))
 
 
-def not_subject_names(st: ExecState, occ: Occurrences, query: str
-                      ) -> Callable[[np.ndarray], bool]:
-    """Whether an answer with occurrences ``idx`` of ``occ`` has one outside the entry
-    heads that name the subject of ``query`` (each document is read once: from this
-    process's snapshot, or located by the shards that own the occurrences)."""
-    names, heads = SubjectNames(query), {}  # document -> its head's end (0: none)
+def occurrence_check(st: ExecState, occ: Occurrences, rules: AnswerRules
+                     ) -> Callable[[np.ndarray], bool]:
+    """Whether an answer with occurrences ``idx`` of ``occ`` has one that passes
+    ``rules`` (each document is read once: from this process's snapshot, or located by the
+    shards that own the occurrences)."""
+    names, heads, texts = SubjectNames(rules.subject), {}, {}  # by document
 
-    def outside(key: Any, start: int, doc: Callable[[], Any]) -> bool:
-        end = heads.get(key)
-        if end is None:
+    def passes(key: Any, start: int, end: int, doc: Callable[[], Any]) -> bool:
+        if key not in texts:
             d = doc()
-            end = heads[key] = names.head_end(d.title or "", d.text)
-        return start >= end
+            texts[key] = d.text
+            heads[key] = names.head_end(d.title or "", d.text) if rules.subject else 0
+        return start >= heads[key] and not (
+            rules.whole_names and name_fragment(texts[key], start, end))
 
-    where: list[np.ndarray] = []  # every occurrence's document and start, found once
+    where: list[np.ndarray] = []  # every occurrence's document, start and end, found once
 
     def local(idx: np.ndarray) -> bool:
         snap = st.snapshot
         if not where:
-            doc, start = np.zeros(len(occ.s), np.int64), np.zeros(len(occ.s), np.int64)
+            where.extend(np.zeros(len(occ.s), np.int64) for _ in range(3))
             for si in S.sorted_unique(occ.seg).tolist():
                 m = occ.seg == si
                 cols = snap.columns(si)
-                doc[m] = cols.block_doc[cols.block_of(occ.s[m])]
-                start[m] = cols.offsets[occ.s[m], 0]
-            where.extend((doc, start))
-        return any(outside((si, d), a, lambda si=si, d=d: snap.segments[si].doc(snap.txn, d))
-                   for si, d, a in zip(occ.seg[idx].tolist(), where[0][idx].tolist(),
-                                       where[1][idx].tolist()))
+                where[0][m] = cols.block_doc[cols.block_of(occ.s[m])]
+                where[1][m] = cols.offsets[occ.s[m], 0]
+                where[2][m] = cols.offsets[occ.e[m], 1]
+        return any(passes((si, d), a, b, lambda si=si, d=d: snap.segments[si].doc(snap.txn, d))
+                   for si, d, a, b in zip(occ.seg[idx].tolist(), *(w[idx].tolist()
+                                                                     for w in where)))
 
     def sharded(idx: np.ndarray) -> bool:
-        ids = idx.tolist()  # most answers show one outside in their first few
-        return any(outside(at.doc.id, at.start, lambda at=at: at.doc)
+        ids = idx.tolist()  # most answers show one that passes in their first few
+        return any(passes(at.doc.id, at.start, at.end, lambda at=at: at.doc)
                    for part in (ids[:4], ids[4:]) if part for at in locate(st, occ, part))
 
     return lambda idx: (local if occ.surfaces is None else sharded)(np.asarray(idx, np.int64))

@@ -403,7 +403,8 @@ class _Binder:
             node = Classify(labels, o["tau"], node, o["calibrate"])
         else:
             node = Aggregate(group_by or "phrase", o["alpha"], node,
-                             o["not_in_query"], o["no_query_words"], o["not_subject_name"])
+                             o["not_in_query"], o["no_query_words"], o["not_subject_name"],
+                             o["whole_names"])
         if where is not None:
             node = Filter(where, "where", node)
         evidence_rows = self.source == "EVIDENCE"
@@ -453,7 +454,8 @@ _USING_ARGS = {
 # WITH options per source.
 _MASKED_OPTS = ("mode", "k", "blocks", "max_len", "tau", "alpha", "exact", "scoring",
                 "clean_edges", "no_stopwords", "evidence", "bm25_title", "bm25_question",
-                "bm25_prior", "not_in_query", "no_query_words", "not_subject_name")
+                "bm25_prior", "not_in_query", "no_query_words", "not_subject_name",
+                "whole_names")
 _WITH_OPTIONS = {
     "MASKED": _MASKED_OPTS, "TOKENS": _MASKED_OPTS, "EVIDENCE": _MASKED_OPTS,
     "CLASSIFY": ("mode", "k", "blocks", "max_len", "tau", "exact", "clean_edges", "evidence",
@@ -473,7 +475,7 @@ _OPTION_TYPES: dict[str, tuple] = {
     "clean_edges": ("bool", "TRUE or FALSE"), "no_stopwords": ("bool", "TRUE or FALSE"),
     "bm25_title": ("bool", "TRUE or FALSE"), "bm25_question": ("bool", "TRUE or FALSE"),
     "not_in_query": ("bool", "TRUE or FALSE"), "no_query_words": ("bool", "TRUE or FALSE"),
-    "not_subject_name": ("bool", "TRUE or FALSE"),
+    "not_subject_name": ("bool", "TRUE or FALSE"), "whole_names": ("bool", "TRUE or FALSE"),
     "calibrate": ("bool", "TRUE or FALSE"),
     "scoring": ("str", "npm or raw", SCORINGS), "mode": ("str", "phrase or token", MODES),
 }

@@ -527,7 +527,8 @@ def _compile_answers(plan, nodes, columns, fns, doc_filter, text) -> Compiled:
                 kw["bm25_prior"] = n.prior
         elif isinstance(n, L.Aggregate):
             kw.update(group_by=n.group_by, alpha=n.alpha, not_in_query=n.not_in_query,
-                      no_query_words=n.no_query_words, not_subject_name=n.not_subject_name)
+                      no_query_words=n.no_query_words, not_subject_name=n.not_subject_name,
+                      whole_names=n.whole_names)
         elif isinstance(n, L.Classify):
             labels, kw["tau"], kw["calibrate"] = n.labels, n.tau, n.calibrate
         elif isinstance(n, L.Filter) and n.level == "answer":

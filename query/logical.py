@@ -151,12 +151,14 @@ class Aggregate(Node):
     not_in_query: bool = True      # drop answers that are a run of the query's words
     no_query_words: bool = True    # drop answers holding a non-stopword of the query
     not_subject_name: bool = True  # drop answers only found as names of the query's subject
+    whole_names: bool = True  # drop answers only found as part of a longer name
 
     def detail(self) -> str:
         return f"group_by={self.group_by}, alpha={self.alpha}" + (
             "" if self.not_in_query else ", not_in_query=false") + (
             "" if self.no_query_words else ", no_query_words=false") + (
-            "" if self.not_subject_name else ", not_subject_name=false")
+            "" if self.not_subject_name else ", not_subject_name=false") + (
+            "" if self.whole_names else ", whole_names=false")
 
 
 @dataclass(frozen=True)

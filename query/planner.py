@@ -13,8 +13,8 @@ from dataclasses import replace
 from typing import Callable, Sequence
 
 from .answers import (
-    Aggregate, AssembleSpans, AttachEvidence, ClassifyLabels, DropSubjectNames, FilterAnswers,
-    Limit, OrderBy, ScoreSpans, ScoreTokens,
+    Aggregate, AnswerRules, AssembleSpans, AttachEvidence, ClassifyLabels, FilterAnswers,
+    FilterByOccurrence, Limit, OrderBy, ScoreSpans, ScoreTokens,
 )
 from .operators import BlockTokens, BM25Blocks, DenseTopK, EncodeQuery, ExactTopK, Operator
 from . import calibration
@@ -110,25 +110,25 @@ def plan_masked(spec: MaskedSpec, *, answer_filter: tuple[str, Callable] | None 
     # Top-N pushdown: when answers are only ranked by score and cut, Aggregate builds just
     # the best top + offset of them (every occurrence is still grouped and summed). The
     # query-word filters then run in Aggregate on the grouping keys (a folded text has the
-    # words of its answer's text) before the best are chosen, and so does not_subject_name
-    # (on an answer's occurrences); FilterAnswers above keeps what it gets. Without the
-    # pushdown, DropSubjectNames runs after the order, down to the limit.
-    subject = spec.text if spec.not_subject_name else ""
+    # words of its answer's text) before the best are chosen, and so do the rules on where
+    # an answer was found (not_subject_name, whole_names); FilterAnswers above keeps what it
+    # gets. Without the pushdown, FilterByOccurrence runs after the order, down to the limit.
+    rules = AnswerRules(spec.text if spec.not_subject_name else "", spec.whole_names)
     pushdown = bool(spec.top) and answer_filter is None and tuple(order) == (("score", True),) \
         and (not text_filters or group_by in ("phrase", "word"))
     keep = _all_of([f for _, f in text_filters]) if pushdown and text_filters else None
     op: Operator = Aggregate(group_by, spec.alpha, children=(_candidates(spec),),
                              top_n=spec.top + spec.offset if pushdown else 0, keep_text=keep,
                              keep_describe="; ".join(d for d, _ in text_filters) if keep else "",
-                             subject=subject if pushdown else "")
+                             rules=rules if pushdown else AnswerRules())
     for describe, f in text_filters:
         op = FilterAnswers(describe, lambda g, f=f: f(g.text), children=(op,))
     if answer_filter is not None:
         op = FilterAnswers(answer_filter[0], answer_filter[1], children=(op,))
     op = OrderBy(order, children=(op,))
-    if subject and not pushdown:  # after the order: it checks only what the limit keeps
-        op = DropSubjectNames(spec.text, spec.top + spec.offset if spec.top else 0,
-                              children=(op,))
+    if rules and not pushdown:  # after the order: it checks only what the limit keeps
+        op = FilterByOccurrence(rules, spec.top + spec.offset if spec.top else 0,
+                                children=(op,))
     op = Limit(spec.top, spec.offset, children=(op,))
     if spec.evidence:
         op = AttachEvidence(spec.evidence, children=(op,))

@@ -52,8 +52,8 @@ MASKED/TOKENS/CLASSIFY; on row sources it filters rows. Expressions: comparisons
 **Options**: ``USING dense(k) | bm25(blocks) | hybrid(k, blocks) | exact(k)`` (exact =
 dense with an exact scan) and ``WITH`` any of mode, k, blocks, max_len, tau, alpha, exact,
 scoring, clean_edges, no_stopwords, evidence, bm25_title, bm25_question, bm25_prior,
-not_in_query, no_query_words, not_subject_name (CLASSIFY: no alpha, scoring, no_stopwords,
-bm25_prior, not_in_query, no_query_words, not_subject_name;
+not_in_query, no_query_words, not_subject_name, whole_names (CLASSIFY: no alpha, scoring,
+no_stopwords, bm25_prior, not_in_query, no_query_words, not_subject_name, whole_names;
 calibrate, CLASSIFY only). ``GROUP BY phrase | tokens | document | word``; ``AS OF`` a version id or
 tag. Answers are ordered by score, support, phrase, tokens, length or length(phrase)
 (a name, an alias or a select-list position); rows of the other sources by any expression.

@@ -73,6 +73,26 @@ def _subject_head_end(title: str, text: str, query: str) -> int:
     return 0
 
 
+def _inside_a_name(text: str, start: int, end: int) -> bool:
+    """DESIGN.md's name fragment: the span's first word is capitalised and the word just
+    before it (one space between) is too, or likewise its last word and the word after."""
+    words = text[start:end].split()
+    if not words:
+        return False
+    if start >= 2 and text[start - 1] == " " and (text[start - 2].isalnum() or
+                                                  text[start - 2] == "_"):
+        i = start - 2
+        while i > 0 and (text[i - 1].isalnum() or text[i - 1] == "_"):
+            i -= 1
+        if text[i].isupper() and words[0][0].isupper():
+            return True
+    if end + 1 < len(text) and text[end] == " " and (text[end + 1].isalnum() or
+                                                     text[end + 1] == "_"):
+        if text[end + 1].isupper() and words[-1][0].isupper():
+            return True
+    return False
+
+
 def _softmax(x: np.ndarray, tau: float) -> np.ndarray:
     z = np.asarray(x, dtype=np.float64) / tau
     z = z - z.max()
@@ -274,12 +294,15 @@ class Oracle:
                   k: int = 1024, blocks: int = 3, max_len: int = 10, tau: float = 1.0,
                   alpha: float = 0.0, scoring: str = "npm", qv=None,
                   not_in_query: bool = True, no_query_words: bool = True,
-                  not_subject_name: bool = True, bm25_prior: float = 0.5) -> OracleResult:
+                  not_subject_name: bool = True, whole_names: bool = True,
+                  bm25_prior: float = 0.5) -> OracleResult:
         """All answers (not only the top few) of a masked query. ``scoring='raw'`` is
         DensePhrases' ``sim_s + sim_e`` instead of NPM's ``P_s + P_e``. ``not_in_query``
         drops answers whose words are a run of the query's words, ``no_query_words`` those
         holding any word of the query that is not a stopword, ``not_subject_name`` those
-        found only in entry heads that name the query's subject (npmdb's defaults).
+        found only in entry heads that name the query's subject, ``whole_names`` those found
+        only inside a longer run of capitalised words (npmdb's defaults; an answer needs one
+        occurrence that passes both).
         ``bm25_prior``: each candidate's similarity gains that times its BM25 block's
         text score before scoring (candidates are chosen by the plain similarity)."""
         qv = qv if qv is not None else self.encode(text, mode)
@@ -342,10 +365,17 @@ class Oracle:
             words = set(re.findall(r"\w+", MASK_RE.sub(" ", text).casefold())) - STOPWORDS
             for key in [k for k in answers if words & set(re.findall(r"\w+", k))]:
                 del answers[key]
-        if not_subject_name:
-            heads = {d[0]: _subject_head_end(d[1], d[2], text) for d in self.docs}
+        if not_subject_name or whole_names:
+            texts = {d[0]: d[2] for d in self.docs}
+            heads = {d[0]: _subject_head_end(d[1], d[2], text) if not_subject_name else 0
+                     for d in self.docs}
+
+            def proper(doc: str, start: int, end: int) -> bool:
+                return start >= heads[doc] and not (
+                    whole_names and _inside_a_name(texts[doc], start, end))
+
             for key in [k for k, a in answers.items()
-                        if all(start < heads[doc] for doc, start, _, _ in a.occurrences)]:
+                        if not any(proper(doc, s, e) for doc, s, e, _ in a.occurrences)]:
                 del answers[key]
         return res
 

@@ -398,8 +398,8 @@ def test_token_mode_candidates_are_distinct(tiny_db):
     twice the probability and twice the support, and k distinct candidates shrink to ~2/3."""
     for exact in (True, False):
         res = tiny_db.fill_mask(Q, mode="token", k=256, top=0, evidence=10 ** 6, exact=exact,
-                                retrieval="dense", not_in_query=False,
-                                no_query_words=False)  # none dropped
+                                retrieval="dense", not_in_query=False, no_query_words=False,
+                                not_subject_name=False, whole_names=False)  # none dropped
         occ = [(e.doc_id, e.start, e.end) for a in res for e in a.evidence]
         assert len(occ) == len(set(occ)), f"exact={exact}: duplicated candidate tokens"
         assert sum(a.support for a in res) == 256, f"exact={exact}"

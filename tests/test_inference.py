@@ -551,7 +551,7 @@ def test_not_subject_name_drops_answers_found_only_as_the_subjects_names(tmp_pat
     with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:
         db.add(SUBJECTS)
         kw = dict(retrieval="bm25", top=500, evidence=50, no_query_words=False,
-                  not_in_query=False)
+                  not_in_query=False, whole_names=False)
         plain = db.fill_mask(q, not_subject_name=False, **kw)
         texts = {d["id"]: d for d in SUBJECTS}
 
@@ -572,7 +572,7 @@ def test_not_subject_name_drops_answers_found_only_as_the_subjects_names(tmp_pat
             got = db.fill_mask(q, **{**kw, "top": top})
             assert [a.text for a in got] == [a.text for a in kept][:top]
         sql = "SELECT phrase FROM MASKED(?) USING bm25 WITH {}no_query_words = FALSE, " \
-              "not_in_query = FALSE LIMIT 500"
+              "not_in_query = FALSE, whole_names = FALSE LIMIT 500"
         assert [r[0] for r in db.sql(sql.format(""), [q]).rows] == [a.text for a in kept]
         assert [r[0] for r in db.sql(sql.format("not_subject_name = FALSE, "), [q]).rows] == \
             [a.text for a in plain]
@@ -583,3 +583,57 @@ def test_not_subject_name_drops_answers_found_only_as_the_subjects_names(tmp_pat
         assert entry_head("Oregon", texts["or"]["text"]) is not None
         with pytest.raises(npmdb.ProgrammingError, match="not_subject_name must be True or False"):
             db.fill_mask(q, not_subject_name="yes")
+
+
+def test_name_fragment_is_part_of_a_run_of_capitalised_words():
+    from npmdb.query.names import name_fragment
+
+    text = "a city of New York in the United States; Rome. Milan was next, then Turin"
+    at = {w: (text.index(w), text.index(w) + len(w)) for w in
+          ("New", "York", "New York", "United", "States", "United States", "Rome", "Milan",
+           "Turin", "city")}
+    frag = {w: name_fragment(text, a, b) for w, (a, b) in at.items()}
+    assert frag == {"New": True, "York": True, "New York": False, "United": True,
+                    "States": True, "United States": False, "Rome": False, "Milan": False,
+                    "Turin": False, "city": False}
+    assert name_fragment("Южная Корея", 6, 11)          # any script's capitals
+    assert not name_fragment("the  Korea", 5, 10)         # two spaces: not one name
+
+
+NAMES = [
+    {"id": "nz", "title": "North Island",
+     "text": "North Island: the northernmost of the two main islands of New Zealand."},
+    {"id": "nj", "title": "Trenton", "text": "Trenton: the capital of New Jersey, on the river."},
+    {"id": "ny", "title": "Albany", "text": "Albany: the capital of New York; New is old here."},
+]
+
+
+def test_whole_names_drops_answers_found_only_inside_a_longer_name(tmp_path, tiny_encoder):
+    """"New" of "New Zealand", "New Jersey" and "New York" is no answer, unless it also
+    occurs alone ("New is old here" keeps it); whole names stay, scores unchanged."""
+    import npmdb
+    from npmdb.query.names import name_fragment
+
+    q = "North Island is situated in [MASK]."
+    docs = {d["id"]: d["text"] for d in NAMES}
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:
+        db.add(NAMES)
+        kw = dict(retrieval="bm25", top=500, evidence=50, not_subject_name=False)
+        plain = db.fill_mask(q, whole_names=False, **kw)
+
+        def fragments_only(a) -> bool:
+            return all(name_fragment(docs[e.doc_id], e.start, e.end) for e in a.evidence)
+
+        dropped = [a.text for a in plain if fragments_only(a)]
+        assert "Zealand" in dropped and "New Jersey" not in dropped and "New" not in dropped
+        kept = db.fill_mask(q, **kw)                                    # the default
+        assert [(a.text, a.score) for a in kept] == \
+            [(a.text, a.score) for a in plain if not fragments_only(a)]
+        assert "answer not only part of a longer name" in kept.plan
+        one = db.fill_mask(q, **{**kw, "top": 1})
+        assert [a.text for a in one] == [a.text for a in kept][:1]
+        rows = db.sql("SELECT phrase FROM MASKED(?) USING bm25 WITH not_subject_name = FALSE, "
+                      "whole_names = FALSE LIMIT 500", [q]).rows
+        assert [r[0] for r in rows] == [a.text for a in plain]
+        with pytest.raises(npmdb.ProgrammingError, match="whole_names must be True or False"):
+            db.fill_mask(q, whole_names=1)

@@ -167,11 +167,12 @@ def test_oracle_sanity(tiny_db, oracle, queries):
     once as an end, so the answer scores sum to sum(P_s) + sum(P_e) = 2; token-mode scores
     sum to exactly 1 over the k candidates."""
     q = queries[0]
-    ph = oracle.fill_mask(q, max_len=1, not_in_query=False,   # scoring alone, nothing dropped
-                          no_query_words=False, retrieval="dense")
+    nothing_dropped = dict(not_in_query=False, no_query_words=False, not_subject_name=False,
+                           whole_names=False)
+    ph = oracle.fill_mask(q, max_len=1, retrieval="dense", **nothing_dropped)  # scoring alone
     # with max_len 1 every span is one token (s == e), each start and end used once
     assert math.isclose(sum(a.score for a in ph.answers.values()), 2.0, rel_tol=1e-9)
-    tok = oracle.fill_mask(q, mode="token", k=50, not_in_query=False, no_query_words=False, retrieval="dense")
+    tok = oracle.fill_mask(q, mode="token", k=50, retrieval="dense", **nothing_dropped)
     assert math.isclose(sum(a.score for a in tok.answers.values()), 1.0, rel_tol=1e-9)
     assert sum(a.support for a in tok.answers.values()) == 50
     # evidence of the oracle slices the documents

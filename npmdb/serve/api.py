@@ -20,7 +20,7 @@ __all__ = ["routes", "answers_json", "context", "occurrences"]
 #: fill_mask options the API passes on (after the limits below are checked).
 FILL_OPTIONS = ("top", "k", "mode", "retrieval", "blocks", "max_len", "tau", "alpha", "exact",
                 "scoring", "group_by", "clean_edges", "no_stopwords", "not_in_query",
-                "no_query_words", "not_subject_name", "bm25_title", "bm25_question",
+                "no_query_words", "not_subject_name", "whole_names", "bm25_title", "bm25_question",
                 "bm25_prior", "evidence", "offset", "version")
 CLASSIFY_OPTIONS = ("tau", "k", "mode", "retrieval", "blocks", "max_len", "exact",
                     "clean_edges", "bm25_title", "bm25_question", "calibrate", "evidence",

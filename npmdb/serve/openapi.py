@@ -49,6 +49,9 @@ def schema(settings: Settings) -> dict[str, Any]:
         "not_subject_name": {"type": "boolean", "default": True,
                              "description": "drop answers found only as names of the query's "
                                             "subject in an entry's head"},
+        "whole_names": {"type": "boolean", "default": True,
+                        "description": "drop answers found only as part of a longer "
+                                       "capitalised name"},
         "bm25_title": {"type": "boolean", "default": True},
         "bm25_question": {"type": "boolean", "default": False},
         "bm25_prior": {"type": "number", "default": 0.5, "minimum": 0, "maximum": 100,
@@ -78,7 +81,8 @@ def schema(settings: Settings) -> dict[str, Any]:
             **{k: v for k, v in options.items() if k not in ("top", "alpha", "scoring",
                                                              "group_by", "no_stopwords",
                                                              "not_in_query", "no_query_words",
-                                                             "not_subject_name", "bm25_prior",
+                                                             "not_subject_name", "whole_names",
+                                                             "bm25_prior",
                                                              "offset")}}},
         "Evidence": {"type": "object", "properties": {
             "doc_id": {"type": "string"}, "title": {"type": "string"},
