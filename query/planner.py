@@ -13,9 +13,10 @@ from dataclasses import replace
 from typing import Callable, Sequence
 
 from .answers import (
-    Aggregate, AnswerRules, AssembleSpans, AttachEvidence, ClassifyLabels, FilterAnswers,
-    FilterByOccurrence, Limit, OrderBy, ScoreSpans, ScoreTokens,
+    Aggregate, AssembleSpans, AttachEvidence, ClassifyLabels, FilterAnswers, Limit, OrderBy,
+    ScoreSpans, ScoreTokens,
 )
+from .answer_rules import AnswerRules, FilterByOccurrence
 from .operators import BlockTokens, BM25Blocks, DenseTopK, EncodeQuery, ExactTopK, Operator
 from . import calibration
 from .plan import Plan

@@ -9,8 +9,8 @@ The head names the entry's subject. When the title or one of the other names occ
 the query as whole words, each name in the head is a name of what the query asks about,
 not an answer to it: "WA" for "Washington, which is an american state, is part of
 [MASK]." (the issue's failure mode "answers copy ... the query's own subject", in other
-words). A span that starts inside such a head is therefore no candidate
-(``not_subject_name``; not in NPM). Text without such a head (running prose, a title that
+words). An answer found only inside such heads is therefore dropped
+(``not_subject_name``; not in NPM; :mod:`npmdb.query.answer_rules`). Text without such a head (running prose, a title that
 the text does not restate) is untouched.
 """
 

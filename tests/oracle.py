@@ -366,13 +366,15 @@ class Oracle:
             for key in [k for k in answers if words & set(re.findall(r"\w+", k))]:
                 del answers[key]
         if not_subject_name or whole_names:
-            texts = {d[0]: d[2] for d in self.docs}
-            heads = {d[0]: _subject_head_end(d[1], d[2], text) if not_subject_name else 0
-                     for d in self.docs}
+            by_id = {d[0]: d for d in self.docs}
+            heads: dict[str, int] = {}  # only the documents that answers were found in
 
             def proper(doc: str, start: int, end: int) -> bool:
+                _, title, body = by_id[doc]
+                if doc not in heads:
+                    heads[doc] = _subject_head_end(title, body, text) if not_subject_name else 0
                 return start >= heads[doc] and not (
-                    whole_names and _inside_a_name(texts[doc], start, end))
+                    whole_names and _inside_a_name(body, start, end))
 
             for key in [k for k, a in answers.items()
                         if not any(proper(doc, s, e) for doc, s, e, _ in a.occurrences)]:

@@ -82,8 +82,7 @@ def schema(settings: Settings) -> dict[str, Any]:
                                                              "group_by", "no_stopwords",
                                                              "not_in_query", "no_query_words",
                                                              "not_subject_name", "whole_names",
-                                                             "bm25_prior",
-                                                             "offset")}}},
+                                                             "bm25_prior", "offset")}}},
         "Evidence": {"type": "object", "properties": {
             "doc_id": {"type": "string"}, "title": {"type": "string"},
             "start": {"type": "integer"}, "end": {"type": "integer"},
