@@ -73,23 +73,54 @@ def _subject_head_end(title: str, text: str, query: str) -> int:
     return 0
 
 
+_PARTICLES = ("of", "de", "da", "di", "do", "du", "del", "della", "des", "dos", "das",
+              "van", "von", "der", "den", "la", "le")
+
+
+def _word_ending_at(text: str, i: int) -> tuple[str, int] | None:
+    """The word that ends at ``i`` (exclusive) and starts after one space, and where that
+    space is; None when no such word."""
+    j = i
+    while j > 0 and (text[j - 1].isalnum() or text[j - 1] == "_"):
+        j -= 1
+    if j == i:
+        return None
+    return text[j:i], j - 1
+
+
+def _word_starting_at(text: str, i: int) -> tuple[str, int] | None:
+    j = i
+    while j < len(text) and (text[j].isalnum() or text[j] == "_"):
+        j += 1
+    return (text[i:j], j) if j > i else None
+
+
 def _inside_a_name(text: str, start: int, end: int) -> bool:
     """DESIGN.md's name fragment: the span's first word is capitalised and the word just
-    before it (one space between) is too, or likewise its last word and the word after."""
+    before it (one space between) is too, or is a name particle ("of", "de", "van", ...)
+    with a capitalised word one space before it; likewise its last word and the words
+    after."""
     words = text[start:end].split()
     if not words:
         return False
-    if start >= 2 and text[start - 1] == " " and (text[start - 2].isalnum() or
-                                                  text[start - 2] == "_"):
-        i = start - 2
-        while i > 0 and (text[i - 1].isalnum() or text[i - 1] == "_"):
-            i -= 1
-        if text[i].isupper() and words[0][0].isupper():
-            return True
-    if end + 1 < len(text) and text[end] == " " and (text[end + 1].isalnum() or
-                                                     text[end + 1] == "_"):
-        if text[end + 1].isupper() and words[-1][0].isupper():
-            return True
+    if words[0][0].isupper() and start >= 1 and text[start - 1] == " ":
+        w = _word_ending_at(text, start - 1)
+        if w is not None:
+            if w[0][0].isupper():
+                return True
+            if w[0] in _PARTICLES and w[1] >= 1 and text[w[1]] == " ":
+                v = _word_ending_at(text, w[1])
+                if v is not None and v[0][0].isupper():
+                    return True
+    if words[-1][0].isupper() and end < len(text) and text[end] == " ":
+        w = _word_starting_at(text, end + 1)
+        if w is not None:
+            if w[0][0].isupper():
+                return True
+            if w[0] in _PARTICLES and w[1] < len(text) and text[w[1]] == " ":
+                v = _word_starting_at(text, w[1] + 1)
+                if v is not None and v[0][0].isupper():
+                    return True
     return False
 
 

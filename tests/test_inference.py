@@ -600,6 +600,26 @@ def test_name_fragment_is_part_of_a_run_of_capitalised_words():
     assert not name_fragment("the  Korea", 5, 10)         # two spaces: not one name
 
 
+def test_name_particles_join_capitalised_words_into_one_name():
+    from npmdb.query.names import name_fragment
+
+    text = ("an island in the Gulf of Guinea, first King of Great Britain; Rio de Janeiro "
+            "and Ludwig van Beethoven. King of beasts; Bay of  Bengal; a city of Peru")
+    at = {w: (text.index(w), text.index(w) + len(w)) for w in
+          ("Gulf of Guinea", "Gulf", "Guinea", "King", "Great Britain", "King of Great",
+           "Rio", "Janeiro", "Rio de Janeiro", "Beethoven", "Ludwig", "Bengal", "Peru")}
+    at["King of beasts"] = (text.index("King of beasts"), text.index("King of beasts") + 4)
+    frag = {w: name_fragment(text, a, b) for w, (a, b) in at.items()}
+    assert frag == {"Gulf of Guinea": False, "Gulf": True, "Guinea": True, "King": True,
+                    "Great Britain": True, "King of Great": True, "Rio": True,
+                    "Janeiro": True, "Rio de Janeiro": False, "Beethoven": True,
+                    "Ludwig": True,
+                    "King of beasts": False,   # the word after the particle is lowercase
+                    "Bengal": False,           # two spaces after the particle
+                    "Peru": False}             # "a city of Peru": "city" is lowercase
+    assert name_fragment("the Gulf Of Guinea", 4, 8)      # "Of" capitalised: a plain run
+
+
 NAMES = [
     {"id": "nz", "title": "North Island",
      "text": "North Island: the northernmost of the two main islands of New Zealand."},

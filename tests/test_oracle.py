@@ -286,3 +286,27 @@ def test_real_encoder_matches_oracle(real_db, sample_cloze, sample_corpus):
     failures += run_against_oracle(real_db, oracle, qs[:6], mode="phrase", retrieval="bm25",
                                    seed=43)
     assert not failures, _report(failures, len(qs) + 12)
+
+
+def test_name_fragments_match_the_oracles(sample_corpus):
+    """query/names.py's regular expressions against the oracle's character walk, on every
+    span of one to four words of the sample corpus's first 2,000 documents (names joined by
+    particles included: "Gulf of Guinea", "Rio de Janeiro")."""
+    from oracle import _inside_a_name
+    from npmdb.query.names import name_fragment
+
+    checked = fragments = 0
+    for doc in sample_corpus[:2000]:
+        text = doc["text"]
+        words = [(m.start(), m.end()) for m in re.finditer(r"\S+", text)]
+        for i in range(len(words)):
+            for j in range(i, min(i + 4, len(words))):
+                a, b = words[i][0], words[j][1]
+                b -= len(text[a:b]) - len(text[a:b].rstrip(".,;:)\"'"))
+                if b <= a:
+                    continue
+                got = name_fragment(text, a, b)
+                assert got == _inside_a_name(text, a, b), (text, text[a:b])
+                checked += 1
+                fragments += got
+    assert checked > 10_000 and 0 < fragments < checked
