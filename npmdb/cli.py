@@ -85,12 +85,17 @@ def cmd_add(args) -> int:
 
 def cmd_query(args) -> int:
     import npmdb
+    from .arguments import parse_assignments
     from .encoders import preload
 
+    try:
+        options = parse_assignments(args.option, "--option")
+    except ValueError as exc:
+        raise npmdb.ProgrammingError(str(exc)) from None
     with npmdb.open(args.db, create=False, readonly=True, progress=False) as db:
         opts = dict(top=args.top, k=args.k, mode=args.mode, retrieval=args.retrieval,
                     blocks=args.blocks, max_len=args.max_len, tau=args.tau, alpha=args.alpha,
-                    exact=args.exact)
+                    exact=args.exact, **options)
         if args.version is not None:
             opts["version"] = args.version
         load_s = preload(db, args.version)
@@ -363,6 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--version", default=None, help="version id or tag (AS OF)")
     q.add_argument("--json", action="store_true")
     q.add_argument("--explain", action="store_true", help="print the plan with timings")
+    q.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
+                   help="any other fill_mask option (repeatable), e.g. whole_names=false, "
+                        "bm25_prior=1, evidence=3")
     q.set_defaults(fn=cmd_query)
 
     s = sub.add_parser("sql", help="run a query-language statement")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
@@ -628,7 +629,8 @@ NAMES = [
 ]
 
 
-def test_whole_names_drops_answers_found_only_inside_a_longer_name(tmp_path, tiny_encoder):
+def test_whole_names_drops_answers_found_only_inside_a_longer_name(tmp_path, tiny_encoder,
+                                                                    capsys):
     """"New" of "New Zealand", "New Jersey" and "New York" is no answer, unless it also
     occurs alone ("New is old here" keeps it); whole names stay, scores unchanged."""
     import npmdb
@@ -657,3 +659,14 @@ def test_whole_names_drops_answers_found_only_inside_a_longer_name(tmp_path, tin
         assert [r[0] for r in rows] == [a.text for a in plain]
         with pytest.raises(npmdb.ProgrammingError, match="whole_names must be True or False"):
             db.fill_mask(q, whole_names=1)
+    from npmdb.cli import main                 # `npmdb query --option` reaches the same switch
+    for flags, want in ((["--option", "whole_names=false"], plain), ([], kept)):
+        assert main(["query", str(tmp_path / "db"), q, "--json", "--top", "500",
+                     "--retrieval", "bm25", "--option", "not_subject_name=false",
+                     "--option", "evidence=50", *flags]) == 0
+        got = json.loads(capsys.readouterr().out)
+        assert [r["text"] for r in got] == [a.text for a in want]
+    for bad, says in (("whole_names", "--option wants NAME=VALUE, got 'whole_names'"),
+                      ("whole_name=false", "unknown option 'whole_name'")):
+        assert main(["query", str(tmp_path / "db"), q, "--option", bad]) == 2
+        assert says in capsys.readouterr().err
