@@ -16,7 +16,6 @@ the text does not restate) is untouched.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from npmdb.errors import ProgrammingError
@@ -54,6 +53,22 @@ def entry_head(title: str, text: str) -> EntryHead | None:
     return EntryHead(end, (title, *others))
 
 
+def _word_char(c: str) -> bool:
+    return c.isalnum() or c == "_"  # what a regular expression's \w matches
+
+
+def _occurs_as_words(needle: str, hay: str) -> bool:
+    """Whether ``needle`` occurs in ``hay`` with no word character on either side (a plain
+    search, not a regular expression compiled for each name of each document read)."""
+    i = hay.find(needle)
+    while i >= 0:
+        j = i + len(needle)
+        if (i == 0 or not _word_char(hay[i - 1])) and (j == len(hay) or not _word_char(hay[j])):
+            return True
+        i = hay.find(needle, i + 1)
+    return False
+
+
 class SubjectNames:
     """Which entry heads name the subject of one query."""
 
@@ -69,8 +84,7 @@ class SubjectNames:
         words."""
         for name in head.names:
             n = fold(name)
-            if n and n not in STOPWORDS and re.search(
-                    r"(?<!\w)" + re.escape(n) + r"(?!\w)", self.query):
+            if n and n not in STOPWORDS and _occurs_as_words(n, self.query):
                 return True
         return False
 

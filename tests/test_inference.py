@@ -512,6 +512,22 @@ def test_npmdb_query_times_the_query_not_the_encoders_load(tmp_path, tiny_encode
     assert "-- version 1, generation 0" in capsys.readouterr().out
 
 
+def test_a_name_occurs_in_the_query_as_whole_words_as_the_regular_expression_says():
+    """subjects.py's plain search against the regular expression it replaced (which was
+    compiled once for each name of each document read), on names at edges, inside
+    words, beside underscores, digits and other scripts."""
+    from npmdb.query.subjects import _occurs_as_words
+
+    hays = ["washington wa is part of", "the wa_ river", "wa", "iowa and wa", "kwa wa",
+            "ἀθῆναι athens", "42nd street 42", "new york-new jersey", "a  b", "wawa wa."]
+    needles = ["wa", "wa_", "athens", "ἀθῆναι", "42", "new york", "new jersey", "a b",
+               "york-new", "wawa", "w", "jersey"]
+    for hay in hays:
+        for needle in needles:
+            regex = re.search(r"(?<!\w)" + re.escape(needle) + r"(?!\w)", hay) is not None
+            assert _occurs_as_words(needle, hay) == regex, (needle, hay)
+
+
 def test_entry_head_is_the_restated_title_and_its_other_names():
     from npmdb.query.subjects import SubjectNames, entry_head
 
