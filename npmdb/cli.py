@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from .errors import Error
+from .errors import Error, ProgrammingError
 from .query.spec import DEFAULT_K
 
 __all__ = ["main"]
@@ -83,15 +83,22 @@ def cmd_add(args) -> int:
     return 0
 
 
-def cmd_query(args) -> int:
-    import npmdb
+def _fill_options(args) -> dict:
+    """The ``--option NAME=VALUE`` pairs of ``npmdb query`` and ``npmdb eval``, typed; a
+    pair without ``=`` is the caller's mistake (ProgrammingError)."""
     from .arguments import parse_assignments
-    from .encoders import preload
 
     try:
-        options = parse_assignments(args.option, "--option")
+        return parse_assignments(args.option, "--option")
     except ValueError as exc:
-        raise npmdb.ProgrammingError(str(exc)) from None
+        raise ProgrammingError(str(exc)) from None
+
+
+def cmd_query(args) -> int:
+    import npmdb
+    from .encoders import preload
+
+    options = _fill_options(args)
     with npmdb.open(args.db, create=False, readonly=True, progress=False) as db:
         opts = dict(top=args.top, k=args.k, mode=args.mode, retrieval=args.retrieval,
                     blocks=args.blocks, max_len=args.max_len, tau=args.tau, alpha=args.alpha,
@@ -202,13 +209,9 @@ def cmd_train(args) -> int:
 
 def cmd_eval(args) -> int:
     import npmdb
-    from .arguments import parse_assignments
     from .evaluation import load_questions
 
-    try:
-        options = parse_assignments(args.option, "--option")
-    except ValueError as exc:
-        raise npmdb.ProgrammingError(str(exc)) from None
+    options = _fill_options(args)
     questions = load_questions(args.questions)
     retrievals = [r for r in args.retrieval.split(",") if r]
     versions = [int(v) if v.isdigit() else v for v in args.version or []] or [None]
