@@ -76,7 +76,8 @@ def cmd_add(args) -> int:
                     timeout=args.timeout) as db:
         t0 = time.time()
         before = db.count()
-        vid = db.add(args.files if len(args.files) > 1 else args.files[0],
+        # one path is a str source; several are Paths (a str in a list is a document's text)
+        vid = db.add([Path(f) for f in args.files] if len(args.files) > 1 else args.files[0],
                      message=args.message or "", engine=engine)
         print(f"added {db.count() - before} documents in {time.time() - t0:.1f} s; "
               f"version {vid}")

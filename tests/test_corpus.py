@@ -553,3 +553,28 @@ def test_sample_files_present_and_readme():
 def test_sample_path_unknown():
     with pytest.raises(DataError, match=r"no bundled sample file named 'nope'.*corpus\.jsonl\.gz"):
         sample_path("nope")
+
+
+# ------------------------------------------------------------------ npmdb add FILE ...
+
+def test_cli_add_reads_every_file_it_is_given(tmp_path, tiny_encoder, capsys):
+    """`npmdb add DB A B` ingests the documents of both files (not their paths as texts);
+    a missing file among them fails the whole call and commits nothing."""
+    import npmdb
+    from npmdb.cli import main
+
+    a = write_jsonl(tmp_path / "a.jsonl", [{"id": "j1", "text": "Jasper is a town in Alberta."}])
+    b = tmp_path / "b.txt"
+    b.write_text("Banff is a town in Alberta.", encoding="utf-8")
+    db = tmp_path / "x.npmdb"
+    assert main(["add", str(db), str(a), str(b), "--encoder", str(tiny_encoder), "-q"]) == 0
+    assert "added 2 documents" in capsys.readouterr().out
+    with npmdb.open(db, progress=False) as d:
+        texts = sorted(doc["text"] for doc in d.documents())
+        assert texts == ["Banff is a town in Alberta.", "Jasper is a town in Alberta."]
+        assert d.get("j1")["text"] == "Jasper is a town in Alberta."
+        versions = len(d.versions())
+    assert main(["add", str(db), str(a), str(tmp_path / "missing.jsonl"), "-q"]) != 0
+    assert "missing.jsonl" in capsys.readouterr().err
+    with npmdb.open(db, progress=False) as d:
+        assert d.count() == 2 and len(d.versions()) == versions

@@ -33,11 +33,18 @@ def _existing_path(source: str | os.PathLike[str], *, top_level: bool,
     if exists:
         return path
     prefix = f"{where}: " if where else ""
-    message = f"{prefix}file not found: {_short(os.fspath(source))}"
+    message = f"{prefix}file not found: {_short_path(os.fspath(source))}"
     if top_level and isinstance(source, str):
         message += ("; a str source is always read as a path. To add raw text, pass a list of "
                     "strings, e.g. db.add([text])")
     raise DataError(message)
+
+
+def _short_path(path: str, limit: int = 120) -> str:
+    """``path`` quoted, its middle cut when long: the start shows where it is, the end
+    names the file (a plain cut at the end would hide the file's name)."""
+    text = repr(path)
+    return text if len(text) <= limit else f"{text[:40]}...{text[-(limit - 43):]}"
 
 
 def _read_path(path: Path, fields: _Fields) -> Iterator[Document]:
