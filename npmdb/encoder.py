@@ -359,19 +359,25 @@ def _cover_dropped(text: str, offs: np.ndarray) -> np.ndarray:
     belongs to no token and leaves a gap in the offsets. A gap with no white space in it
     is part of the word: the token before it absorbs it, so words are not split there and
     answers sliced through offsets keep every character (``café`` in NFD, ``كَتَبَ``).
+    A control character (NUL, a C0 or C1 code) separates words as white space does: it is
+    never absorbed, so ``"in\x00Quentaria"`` stays two words.
     """
     n = len(offs)
     if n == 0:
         return offs
     out = offs.copy()
+
+    def separates(ch: str) -> bool:
+        return ch.isspace() or unicodedata.category(ch) == "Cc"
+
     for i in range(n):
         e = int(out[i, 1])
         limit = int(out[i + 1, 0]) if i + 1 < n else len(text)
         j = e
-        while j < limit and not text[j].isspace() and (
+        while j < limit and not separates(text[j]) and (
                 i + 1 < n or unicodedata.category(text[j])[0] in "MC"):
             j += 1
-        if j > e and (j == limit or i + 1 == n or text[j].isspace()):
+        if j > e and (j == limit or i + 1 == n or separates(text[j])):
             out[i, 1] = j
     return out
 

@@ -298,6 +298,22 @@ def test_combining_marks_neither_split_words_nor_get_lost(encoder, text, words):
     assert got == words
 
 
+@pytest.mark.parametrize("text,words", [
+    ("a river in\x00Quentaria\x00.", ["a", "river", "in", "Quentaria", "."]),
+    ("north\x01south\x7f", ["north", "south"]),
+])
+def test_control_characters_separate_words(encoder, text, words):
+    """A NUL or other control character the tokenizer drops is a word boundary, as white
+    space is: it is not absorbed into the word before it, so "in\\x00Quentaria" is the
+    stopword "in" and the name, and no answer starts with "in"."""
+    _, offs, flags = tokens(encoder, text)
+    starts = [i for i, f in enumerate(flags) if f & WORD_START]
+    ends = [i for i, f in enumerate(flags) if f & WORD_END]
+    assert [text[offs[a, 0]:offs[b, 1]] for a, b in zip(starts, ends)] == words
+    assert not any(flags[i] & VALID_START and text[offs[i, 0]:offs[i, 1]] == "in"
+                   for i in range(len(flags)))
+
+
 # ------------------------------------------------------------------ vector codecs
 
 vec_arrays = hnp.arrays(np.float32, st.tuples(st.integers(1, 12), st.integers(1, 48)),
