@@ -18,7 +18,7 @@ from npmdb.errors import ProgrammingError
 from . import ast as A
 from .lexer import error_at
 from .logical import (
-    _AGGREGATES, _BOOL, _DOC_FIELDS, _NUM, _SCOPES, _STAR, _TEXT, ANSWER_LEVEL, FUNCTIONS, SOURCES, Aggregate,
+    _AGGREGATES, _BOOL, _DOC_FIELDS, _NUM, _SCOPES, _STAR, _TEXT, ANSWER_LEVEL, DEFAULT_LIMIT, FUNCTIONS, SOURCES, Aggregate,
     Assemble, Classify, Evidence, Filter, Limit, Node, Order, OrderKey, Project, ProjectItem,
     Retrieve, Score, _sql,
 )
@@ -231,6 +231,11 @@ class _Binder:
                 e = aliases[e.parts[0]].expr
             if isinstance(e, A.Literal):
                 self.fail(o, "ORDER BY a constant orders nothing; name a column")
+            if self.source in ("MASKED", "TOKENS", "CLASSIFY") and \
+                    not isinstance(e, (A.Name, A.Call)):
+                self.fail(e, "answers are ordered by a column, not an expression: ORDER BY "
+                             "takes score, support, phrase, tokens, length or length(phrase), "
+                             "each ASC or DESC")
             keys.append(OrderKey(self.resolve(e, "order"), o.descending))
         return tuple(keys)
 
@@ -407,17 +412,33 @@ class _Binder:
                              o["whole_names"])
         if where is not None:
             node = Filter(where, "where", node)
-        evidence_rows = self.source == "EVIDENCE"
-        node = Order(keys if keys and not evidence_rows else (OrderKey(A.Name(("score",)), True),),
-                     "answer", node)
+        if self.source == "EVIDENCE":
+            return Project(items, self.evidence_rows(node, opts.get("evidence", 0), keys,
+                                                     limit, offset))
+        node = Order(keys or (OrderKey(A.Name(("score",)), True),), "answer", node)
         if limit is not None or offset:
             node = Limit(limit, offset, "answer", node)
-        per = opts.get("evidence", 0 if evidence_rows else d["evidence"])
-        if per or evidence_rows:
-            node = Evidence(per, evidence_rows, node)
-        if evidence_rows and keys:
-            node = Order(keys, "row", node)
+        per = opts.get("evidence", d["evidence"])
+        if per:
+            node = Evidence(per, False, node)
         return Project(items, node)
+
+    @staticmethod
+    def evidence_rows(node: Node, per: int, keys: tuple, limit: int | None, offset: int) -> Node:
+        """EVIDENCE: one row per occurrence of the best answers. ORDER BY, LIMIT and OFFSET
+        apply to those rows, as SQL's do; the answers expanded are the top 5 by score
+        (fill_mask's ``top``), or LIMIT + OFFSET of them when that is more, so a LIMIT of
+        rows is filled (every answer has an occurrence) and a query with LIMIT returns the
+        first rows of the same query without it."""
+        node = Order((OrderKey(A.Name(("score",)), True),), "answer", node)
+        if limit is not None:
+            node = Limit(max(DEFAULT_LIMIT["EVIDENCE"], limit + offset), 0, "answer", node)
+        node = Evidence(per, True, node)
+        if keys:
+            node = Order(keys, "row", node)
+        if limit is not None or offset:
+            node = Limit(limit, offset, "row", node)
+        return node
 
     def group_by(self) -> str | None:
         g = self.stmt.group_by

@@ -360,7 +360,7 @@ def _doc_filter(e: A.Expr, text: str) -> DocFilter:
     def make():
         pred = _condition(e, text)
         return lambda d: pred(_doc_row(d))
-    return DocFilter.shared(_describe(e), make)
+    return DocFilter.shared(_describe(e), make, statement=text)
 
 
 # ================================================================ rows of each source

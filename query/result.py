@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator, Sequence
 
@@ -46,6 +47,11 @@ class Result:
 
     ``stats`` lists every plan operator with its output rows and milliseconds;
     ``version``/``generation`` name the snapshot and embeddings that answered.
+
+    A result is a sequence of what ``len`` counts: of its answers (:class:`Answer`) when
+    ``fill_mask``/``classify`` gave it, of its rows (dicts, as :meth:`to_list` gives them)
+    when SQL did (``columns`` and ``rows`` set; an EVIDENCE row is an occurrence, a SEARCH
+    row a block). ``answers`` and ``top`` are the answers either way.
     """
 
     answers: tuple[Answer, ...]
@@ -58,14 +64,26 @@ class Result:
     columns: tuple[str, ...] | None = None
     rows: tuple[tuple, ...] | None = None
 
-    def __iter__(self) -> Iterator[Answer]:
+    @property
+    def _has_rows(self) -> bool:
+        return self.rows is not None and self.columns is not None
+
+    def _row(self, r: tuple) -> dict[str, Any]:
+        return dict(zip(self.columns or (), r))
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._has_rows:
+            return (self._row(r) for r in self.rows or ())
         return iter(self.answers)
 
     def __len__(self) -> int:
-        return len(self.rows) if self.rows is not None else len(self.answers)
+        return len(self.rows or ()) if self._has_rows else len(self.answers)
 
     def __getitem__(self, i):
-        return self.answers[i]
+        if not self._has_rows:
+            return self.answers[i]
+        got = (self.rows or ())[i]
+        return [self._row(r) for r in got] if isinstance(i, slice) else self._row(got)
 
     @property
     def top(self) -> Answer | None:
@@ -76,8 +94,8 @@ class Result:
         return sum(s.ms for s in self.stats)
 
     def to_list(self) -> list[dict[str, Any]]:
-        if self.rows is not None and self.columns is not None:
-            return [dict(zip(self.columns, r)) for r in self.rows]
+        if self._has_rows:
+            return list(self)
         return [a.to_dict() for a in self.answers]
 
     def to_pandas(self):
@@ -95,7 +113,8 @@ class Result:
         rows = self.to_list()
         if not rows:
             return pa.table({c: [] for c in self._column_names()})
-        return pa.Table.from_pylist(rows)
+        names = list(rows[0])
+        return pa.table({c: _arrow_column(pa, [r.get(c) for r in rows]) for c in names})
 
     def _column_names(self) -> Sequence[str]:
         if self.columns is not None:
@@ -108,6 +127,21 @@ class Result:
 
     def __repr__(self) -> str:
         head = f"Result(version={self.version}, generation={self.generation}, {len(self)} rows"
-        body = "".join(f"\n  {a.text!r} score={a.score:.4f} support={a.support}"
-                       for a in self.answers[:10])
+        if self._has_rows:
+            body = "".join(f"\n  {row}" for row in self[:10])
+        else:
+            body = "".join(f"\n  {a.text!r} score={a.score:.4f} support={a.support}"
+                           for a in self.answers[:10])
         return head + ")" + body
+
+
+def _arrow_column(pa: Any, values: list) -> Any:
+    """One Arrow column of ``values``; a column that holds values of more than one type (a
+    ``meta`` field that is a number in one document and a string or list in another) is a
+    column of strings: each value as JSON, a string as itself, a missing one as null."""
+    try:
+        return pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return pa.array([v if v is None or isinstance(v, str)
+                         else json.dumps(v, ensure_ascii=False, default=str) for v in values],
+                        type=pa.string())

@@ -227,7 +227,12 @@ def fold_limit_into_top(plan: Node, text: str = "") -> tuple[Node, str | None]:
 
 def fold_limit_into_retrieval(plan: Node, text: str = "") -> tuple[Node, str | None]:
     """SEARCH asks BM25 for LIMIT + OFFSET blocks; a DOCUMENTS scan without ORDER BY stops
-    after LIMIT + OFFSET documents."""
+    after LIMIT + OFFSET documents.
+
+    SEARCH's rows are its best blocks by BM25. Where the rows are filtered or ordered by
+    something else before the LIMIT, the LIMIT cannot say how many blocks to take: it
+    takes the default 10 (db.search's) or LIMIT + OFFSET when that is more, so a LIMIT
+    returns the first rows of the same query without it."""
     nodes = chain(plan)
     leaf = nodes[-1]
     if not isinstance(leaf, Retrieve) or leaf.source not in ("SEARCH", "DOCUMENTS"):
@@ -236,12 +241,16 @@ def fold_limit_into_retrieval(plan: Node, text: str = "") -> tuple[Node, str | N
     if i is None or nodes[i].count is None:
         return plan, None
     n = nodes[i].count + nodes[i].offset
+    reshaped = any(isinstance(x, (Order, Filter)) for x in nodes[i + 1:-1])
     if leaf.source == "SEARCH":
+        if reshaped:
+            n = max(n, DEFAULT_LIMIT["SEARCH"])
         if leaf.blocks == n:
             return plan, None
         nodes[-1] = replace(leaf, blocks=n)
-        return unchain(nodes), f"fold_limit_into_retrieval: BM25 retrieves blocks={n}"
-    if any(isinstance(x, (Order, Filter)) for x in nodes[i + 1:-1]) or leaf.stop_after == n:
+        why = " (rows filtered or reordered first)" if reshaped else ""
+        return unchain(nodes), f"fold_limit_into_retrieval: BM25 retrieves blocks={n}{why}"
+    if reshaped or leaf.stop_after == n:
         return plan, None
     nodes[-1] = replace(leaf, stop_after=n)
     return unchain(nodes), f"fold_limit_into_retrieval: the document scan stops after {n}"

@@ -30,20 +30,25 @@ class DocFilter:
     predicate: Any = field(compare=False, repr=False)  # Callable[[StoredDoc], bool]
 
     @classmethod
-    def shared(cls, describe: str, make_predicate: Callable[[], Any]) -> "DocFilter":
-        """One filter per ``describe``, for descriptions that determine their predicate
-        (the query language's SQL text, bound values included): the snapshot caches each
-        filter's document masks by its predicate, so a statement run again reuses them."""
-        found = _SHARED.get(describe)
+    def shared(cls, describe: str, make_predicate: Callable[[], Any], *,
+               statement: str = "") -> "DocFilter":
+        """One filter per ``describe`` and ``statement``, for descriptions that determine
+        their predicate (the query language's SQL text, bound values included): the
+        snapshot caches each filter's document masks by its predicate, so a statement run
+        again reuses them. The statement is part of the key because the predicate's errors
+        point into it (line, column, caret): another statement with the same condition
+        gets its own."""
+        key = (describe, statement)
+        found = _SHARED.get(key)
         if found is None:
             found = cls(describe, make_predicate())
             if len(_SHARED) >= 256:
                 _SHARED.clear()
-            _SHARED[describe] = found
+            _SHARED[key] = found
         return found
 
 
-_SHARED: dict[str, DocFilter] = {}
+_SHARED: dict[tuple[str, str], DocFilter] = {}
 
 
 # Dense candidates per side. NPM's released code searches k = 4096; measured on dev-small

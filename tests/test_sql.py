@@ -437,8 +437,8 @@ def test_mixed_or_filters_rows(db):
 # ---------------------------------------------------------------- EVIDENCE, SEARCH, DOCUMENTS
 
 def test_evidence_rows_are_every_occurrence(db):
-    res = db.sql("SELECT * FROM EVIDENCE(?) LIMIT 4", [Q])
-    answers = db.fill_mask(Q, top=4, evidence=0).answers
+    res = db.sql("SELECT * FROM EVIDENCE(?)", [Q])
+    answers = db.fill_mask(Q, top=5, evidence=0).answers
     assert res.columns == ("phrase", "doc_id", "title", "start", "end", "snippet", "score")
     assert len(res.rows) == sum(a.support for a in answers)
     assert [a.text for a in res.answers] == [a.text for a in answers]
@@ -452,14 +452,62 @@ def test_evidence_rows_are_every_occurrence(db):
     order = [r[0] for r in res.rows]
     assert order == sorted(order, key=[a.text for a in answers].index)
     res = db.sql("SELECT phrase, score FROM EVIDENCE(?) WITH evidence = 1 LIMIT 4", [Q])
-    assert [r[0] for r in res.rows] == [a.text for a in answers]
+    assert [r[0] for r in res.rows] == [a.text for a in answers[:4]]
 
 
 def test_evidence_row_predicates_and_order(db):
-    all_rows = db.sql("SELECT phrase, doc_id, score, tokens FROM EVIDENCE(?) LIMIT 6", [Q]).rows
+    all_rows = db.sql("SELECT phrase, doc_id, score, tokens FROM EVIDENCE(?)", [Q]).rows
+    want = sorted((r for r in all_rows if r[2] > 0.002), key=lambda r: r[1], reverse=True)
     res = db.sql("SELECT phrase, doc_id, score, tokens FROM EVIDENCE(?) WHERE score > ? "
-                 "ORDER BY doc_id DESC LIMIT 6", [Q, 0.002])
-    assert list(res.rows) == sorted((r for r in all_rows if r[2] > 0.002), key=lambda r: r[1], reverse=True)
+                 "ORDER BY doc_id DESC", [Q, 0.002])
+    assert list(res.rows) == want
+    res = db.sql("SELECT phrase, doc_id, score, tokens FROM EVIDENCE(?) WHERE score > ? "
+                 "ORDER BY doc_id DESC LIMIT 2", [Q, 0.002])
+    assert len(want) > 2 and list(res.rows) == want[:2]
+
+
+@pytest.mark.parametrize("query", [
+    "SELECT doc_id, title, score FROM SEARCH('city river') ORDER BY title DESC",
+    "SELECT doc_id, score, snippet FROM SEARCH('city river') ORDER BY score",
+    "SELECT doc_id, score FROM SEARCH('city river') WHERE score < 9",
+    "SELECT doc_id, snippet FROM SEARCH('city river') WHERE snippet LIKE '%river%' ORDER BY doc_id",
+    "SELECT phrase, start, score FROM EVIDENCE('Thessaloniki is a city in [MASK].') ORDER BY start",
+    "SELECT phrase, doc_id FROM EVIDENCE('Thessaloniki is a city in [MASK].')",
+    "SELECT phrase, doc_id FROM EVIDENCE('Thessaloniki is a city in [MASK].') ORDER BY doc_id DESC",
+    "SELECT id, title FROM DOCUMENTS WHERE title LIKE 'S%' ORDER BY title DESC",
+])
+def test_limit_returns_the_first_rows_of_the_same_query(db, query):
+    """SQL's LIMIT n OFFSET m takes rows m..m+n of the query without it, whatever it
+    filters and orders by: SEARCH takes enough blocks, EVIDENCE counts occurrence rows."""
+    rows = db.sql(query).rows
+    assert len(rows) >= 4, rows
+    for n, m in ((1, 0), (2, 0), (3, 1), (2, 2)):
+        got = db.sql(f"{query} LIMIT {n} OFFSET {m}")
+        assert list(got.rows) == list(rows[m:m + n]), (n, m)
+        assert len(got) == len(list(got)) == n
+
+
+def test_result_is_a_sequence_of_what_len_counts(db):
+    """A SQL result iterates and indexes its rows (as to_list's dicts); a fill_mask result
+    its answers; len counts the same items either way."""
+    for query in ("SELECT id, title FROM DOCUMENTS LIMIT 3", "SELECT * FROM SEARCH('city') LIMIT 3",
+                  f"SELECT phrase, doc_id FROM EVIDENCE('{Q}') LIMIT 3",
+                  f"SELECT phrase, score FROM MASKED('{Q}') LIMIT 3"):
+        res = db.sql(query)
+        assert len(res) == 3 and list(res) == res.to_list() == res[:3]
+        assert res[0] == res.to_list()[0] and res[-1] == res.to_list()[-1]
+        assert repr(res).count("\n") == 3
+    res = db.fill_mask(Q, top=3)
+    assert len(res) == len(list(res)) == 3 and all(isinstance(a, npmdb.Answer) for a in res)
+    assert res[0] is res.top
+
+
+def test_masked_answers_are_not_ordered_by_expressions(db):
+    for order in ("-score", "score * 2 DESC", "s2"):
+        with pytest.raises(QueryParseError, match="ordered by a column, not an expression"):
+            db.sql(f"SELECT phrase, score * 2 AS s2 FROM MASKED(?) ORDER BY {order} LIMIT 2", [Q])
+    rows = db.sql("SELECT phrase, start FROM EVIDENCE(?) ORDER BY -start", [Q]).rows
+    assert [r[1] for r in rows] == sorted((r[1] for r in rows), reverse=True)
 
 
 def test_search_equals_db_search(db):
@@ -597,6 +645,31 @@ def test_runtime_type_errors_are_programming_errors(new_db):
     with pytest.raises(ProgrammingError, match="expected a condition"):
         new_db.sql("SELECT id FROM DOCUMENTS WHERE doc.meta.year")
     assert new_db.sql("SELECT id FROM DOCUMENTS WHERE doc.meta.year = 1999").rows == (("b",),)
+    # the same condition in another statement: the error points into that statement
+    other = "SELECT phrase FROM MASKED('Paris is a city in [MASK].') WHERE doc.meta.year > 1990"
+    for statement in ("SELECT doc_id FROM SEARCH('city') WHERE doc.meta.year > 1990", other):
+        with pytest.raises(ProgrammingError) as err:
+            new_db.sql(statement)
+        assert statement in str(err.value)
+        column = int(str(err.value).split(", column ")[1].split(")")[0])
+        assert statement[column - 1:].startswith("doc.meta.year > 1990")
+
+
+def test_to_arrow_takes_columns_of_mixed_types(new_db):
+    """A meta field that is a number in one document and a string or list in another
+    becomes a column of strings (JSON), not a pyarrow error; consistent columns keep
+    their type."""
+    pa = pytest.importorskip("pyarrow")
+    new_db.add([{"id": "a", "text": "Paris is a city in France.", "meta": {"year": 2001}},
+                {"id": "b", "text": "Rome is a city in Italy.", "meta": {"year": "old", "tags": [1]}},
+                {"id": "c", "text": "Oslo is a city in Norway."}])
+    t = new_db.sql("SELECT id, meta.year FROM DOCUMENTS").to_arrow()
+    assert t.column("meta.year").to_pylist() == ["2001", "old", None]
+    t = new_db.sql("SELECT * FROM DOCUMENTS").to_arrow()
+    assert t.column("meta").type == pa.string() and t.num_rows == 3
+    assert json.loads(t.column("meta").to_pylist()[1]) == {"year": "old", "tags": [1]}
+    t = new_db.sql("SELECT id, meta.year FROM DOCUMENTS WHERE id != 'b'").to_arrow()
+    assert t.column("meta.year").type == pa.int64()
 
 
 def test_like_matcher():
