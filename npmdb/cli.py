@@ -48,19 +48,15 @@ def _print_result(res, *, evidence: bool = True, load_s: float = 0.0, out=None) 
 
 
 def _print_table(columns, rows, out) -> None:
-    cells = [[_cell(v) for v in r] for r in rows]
+    from .shell import _cell  # the shell's cells: NULL, JSON, one line, cut with "…"
+
+    cells = [[_cell(v, 60) for v in r] for r in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
     widths = [min(w, 60) for w in widths]
     print("  ".join(c.ljust(w) for c, w in zip(columns, widths)), file=out)
     print("  ".join("-" * w for w in widths), file=out)
     for r in cells:
-        print("  ".join(v[:w].ljust(w) for v, w in zip(r, widths)), file=out)
-
-
-def _cell(v) -> str:
-    if isinstance(v, float):
-        return f"{v:.4f}"
-    return str(v)
+        print("  ".join(v.ljust(w) for v, w in zip(r, widths)), file=out)
 
 
 def cmd_add(args) -> int:

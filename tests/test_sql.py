@@ -707,6 +707,11 @@ def test_cli_sql(db, tiny_db_path):
                                       for h in db.search("city", limit=3)]
     out = cli("SELECT phrse FROM MASKED('a [MASK]')")
     assert out.returncode == 2 and "did you mean phrase" in out.stderr
+    # the table: one line a row, whatever the cells hold (a text with newlines, NULL, JSON)
+    out = cli("SELECT id, text, meta, doc.meta.none AS missing FROM DOCUMENTS LIMIT 4")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == 2 + 4 and "NULL" in lines[2] and "{" in lines[2]
 
 
 # ---------------------------------------------------------------- fuzzing
