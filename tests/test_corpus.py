@@ -574,7 +574,7 @@ def test_cli_add_reads_every_file_it_is_given(tmp_path, tiny_encoder, capsys):
         assert texts == ["Banff is a town in Alberta.", "Jasper is a town in Alberta."]
         assert d.get("j1")["text"] == "Jasper is a town in Alberta."
         versions = len(d.versions())
-    assert main(["add", str(db), str(a), str(tmp_path / "missing.jsonl"), "-q"]) != 0
+    assert main(["add", str(db), str(a), str(tmp_path / "missing.jsonl"), "-q"]) == 2
     assert "missing.jsonl" in capsys.readouterr().err
     with npmdb.open(db, progress=False) as d:
         assert d.count() == 2 and len(d.versions()) == versions
