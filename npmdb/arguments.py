@@ -3,6 +3,7 @@ text that must be valid Unicode (``npmdb.Database``); ``NAME=VALUE`` command-lin
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, Mapping
 
 from .errors import ProgrammingError
@@ -12,7 +13,8 @@ __all__ = ["check_ref", "check_text", "parse_assignments"]
 
 def check_ref(ref: Any) -> None:
     """Version ids are u64 keys: a negative or huge id is no version (not an overflow)."""
-    if isinstance(ref, int) and not isinstance(ref, bool) and not 0 <= ref < 2 ** 63:
+    if isinstance(ref, numbers.Integral) and not isinstance(ref, bool) and \
+            not 0 <= int(ref) < 2 ** 63:
         raise ProgrammingError(f"no version {ref}: version ids are integers >= 0; see "
                                "db.versions() for the versions that exist")
 

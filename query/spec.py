@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import numbers
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Iterable, Mapping
 
@@ -202,8 +203,11 @@ def _validate(spec) -> None:
 
 def _int(spec, name: str, lo: int, hi: int | None = None) -> None:
     v = getattr(spec, name)
-    if isinstance(v, bool) or not isinstance(v, int):
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
         raise ProgrammingError(f"{name} must be an integer, got {v!r}")
+    if type(v) is not int:  # numpy's integers (a value read from a data frame): as int
+        v = int(v)
+        object.__setattr__(spec, name, v)
     if v < lo or (hi is not None and v > hi):
         rng = f">= {lo}" if hi is None else f"between {lo} and {hi}"
         raise ProgrammingError(f"{name} must be {rng}, got {v}")

@@ -16,6 +16,7 @@ unchanged; a restore is always safe); otherwise the commit raises and changes no
 
 from __future__ import annotations
 
+import numbers
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence, Union
@@ -119,8 +120,8 @@ def resolve(txn, dbs, ref: int | str | None) -> Manifest:
         return m
     if isinstance(ref, bool):
         raise ProgrammingError(f"invalid version reference {ref!r}")
-    if isinstance(ref, int):
-        return get_version(txn, dbs, ref)
+    if isinstance(ref, numbers.Integral):  # numpy's integers too
+        return get_version(txn, dbs, int(ref))
     if isinstance(ref, str):
         tags = tags_of(txn, dbs)
         if ref in tags:

@@ -266,6 +266,19 @@ def test_bad_query_parameters(db, opts):
         db.fill_mask(Q, **opts)
 
 
+def test_numpy_integers_are_integers(db):
+    """Integer options and version ids read from numpy or a data frame are ints; a numpy
+    float is still not an integer, and a negative numpy version is still no version."""
+    want = db.fill_mask(Q, top=3, blocks=2, max_len=5, version=db.version)
+    got = db.fill_mask(Q, top=np.int64(3), blocks=np.int32(2), max_len=np.uint8(5),
+                       version=np.int64(db.version))
+    assert [(a.text, a.score) for a in got] == [(a.text, a.score) for a in want]
+    with pytest.raises(npmdb.ProgrammingError, match="top must be an integer"):
+        db.fill_mask(Q, top=np.float64(3))
+    with pytest.raises(npmdb.ProgrammingError, match="no version -1"):
+        db.fill_mask(Q, version=np.int64(-1))
+
+
 @pytest.mark.parametrize("labels", [{}, {"a": []}, {"a": [1]}, "abc", {"a": "\ud800"}])
 def test_bad_classify_labels(db, labels):
     with pytest.raises(npmdb.ProgrammingError):
