@@ -164,7 +164,7 @@ def cmd_tag(args) -> int:
     import npmdb
 
     with npmdb.open(args.db, create=False, progress=False) as db:
-        vid = db.tag(args.name, args.version)
+        vid = db.tag(args.name, args.version, move=args.move)
         print(f"tagged version {vid} as {args.name!r}")
     return 0
 
@@ -414,6 +414,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("db")
     t.add_argument("name")
     t.add_argument("--version", default=None)
+    t.add_argument("--move", action="store_true",
+                   help="point an existing tag at this version (by default it is refused)")
     t.set_defaults(fn=cmd_tag)
 
     rs = sub.add_parser("restore", help="commit a new version equal to an older one")

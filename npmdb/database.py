@@ -23,7 +23,7 @@ from . import maintenance
 from .arguments import check_ref, check_text
 from .corpus import read_documents
 from .encoders import Encoders
-from .errors import InterfaceError, OperationalError, ProgrammingError
+from .errors import IntegrityError, InterfaceError, OperationalError, ProgrammingError
 from .progress import bar_factory
 from .result import Result
 from .shards import check_sharding, open_shards
@@ -505,8 +505,15 @@ class Database:
         with self.env.read() as txn:
             return history(txn, self.env.dbs)
 
-    def tag(self, name: str, version: int | str | None = None) -> int:
-        """Name a version (HEAD by default); returns its id."""
+    def tag(self, name: str, version: int | str | None = None, *, move: bool = False) -> int:
+        """Name a version (HEAD by default); returns its id.
+
+        A tag keeps its version through :meth:`vacuum`, so a name that already tags another
+        version is refused (``IntegrityError``) unless ``move=True``: moving it would let
+        the next vacuum drop the version it named. Tagging the same version again is a
+        no-op."""
+        if not isinstance(move, bool):
+            raise ProgrammingError(f"move must be True or False, got {move!r}")
         if isinstance(name, str):
             check_text(name, "the tag name")
             if len(name.encode()) > 400:
@@ -517,6 +524,13 @@ class Database:
         with writer.hold():
             def txn_fn(txn):
                 m = V.resolve(txn, self.env.dbs, version)
+                had = V.tags_of(txn, self.env.dbs).get(name)
+                if had is not None and had != m.id and not move:
+                    raise IntegrityError(
+                        f"tag {name!r} already names version {had}: choose another name, "
+                        f"or pass move=True (npmdb tag --move) to point it at version "
+                        f"{m.id}; once it moves, vacuum no longer keeps version {had} "
+                        "for it")
                 V.set_tag(txn, self.env.dbs, name, m.id)
                 return m.id
             return writer.maintain(txn_fn)

@@ -278,6 +278,14 @@ def test_write_endpoints(writer):
     assert r.json() == {"tag": "with-zed", "version": 2}
     r = c.delete("/api/documents/new:1", headers=auth)
     assert r.json() == {"version": 3}
+    # an existing tag moves only when asked
+    e = error_of(c.post("/api/tags", headers=auth, json={"name": "with-zed"}), 409)
+    assert e["type"] == "IntegrityError" and "already names version 2" in e["message"]
+    error_of(c.post("/api/tags", headers=auth, json={"name": "with-zed", "move": 1}), 400)
+    r = c.post("/api/tags", headers=auth, json={"name": "moved", "version": 3})
+    assert r.json() == {"tag": "moved", "version": 3}
+    r = c.post("/api/tags", headers=auth, json={"name": "moved", "version": 2, "move": True})
+    assert r.json() == {"tag": "moved", "version": 2}
     assert error_of(c.get("/api/documents/new:1", headers=auth), 404)
     assert c.get("/api/documents/new:1", headers=auth, params={"version": "with-zed"}
                  ).status_code == 200

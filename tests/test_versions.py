@@ -380,3 +380,32 @@ def test_vacuum_keeps_files_a_live_reader_in_another_process_still_needs(tmp_pat
         assert not {"s000001", "s000002"} & {p.name for p in (path / "segments").iterdir()}
         assert db.check().clean
         assert db.fill_mask("Rome is the capital of [MASK].", top=1, retrieval="dense").answers
+
+
+def test_an_existing_tag_moves_only_when_asked(tmp_path, tiny_encoder, capsys):
+    """A tag keeps its version through vacuum, so tagging another version with the same
+    name is refused (nothing changes, the version stays kept) unless ``move=True`` (the
+    CLI's ``--move``, the API's ``"move": true``); the same version again is a no-op."""
+    from npmdb.cli import main
+
+    path = tmp_path / "db"
+    with npmdb.open(path, encoder=tiny_encoder, progress=False) as db:
+        db.add([{"id": "a", "text": "Oslo is the capital of Norway."}])
+        assert db.tag("release") == 1
+        db.add([{"id": "b", "text": "Bergen is a city in Norway."}])
+        with pytest.raises(npmdb.IntegrityError, match=r"already names version 1.*move=True"):
+            db.tag("release")
+        assert db.tag("release", 1) == 1  # the same version: a no-op
+        db.vacuum()
+        assert [v["id"] for v in db.versions()] == [1, 2]  # version 1 is still kept
+        assert db.checkout("release").count() == 1
+        with pytest.raises(npmdb.ProgrammingError, match="move must be True or False"):
+            db.tag("release", move="yes")
+    assert main(["tag", str(path), "release"]) == 2
+    assert "already names version 1" in capsys.readouterr().err
+    assert main(["tag", str(path), "release", "--move"]) == 0
+    assert "tagged version 2 as 'release'" in capsys.readouterr().out
+    with npmdb.open(path, progress=False) as db:
+        db.vacuum()
+        assert [v["id"] for v in db.versions()] == [2]
+        assert db.checkout("release").count() == 2

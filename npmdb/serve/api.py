@@ -300,12 +300,14 @@ def write_routes(server: Server) -> list[Route]:
 
     async def tag(request: Request) -> JSONResponse:
         data = await read_json(request)
-        name, ref = data.get("name"), data.get("version")
+        name, ref, move = data.get("name"), data.get("version"), data.get("move", False)
         if not isinstance(name, str) or not name:
             raise ApiError(400, "BadRequest", "'name' must be a non-empty string")
+        if not isinstance(move, bool):
+            raise ApiError(400, "BadRequest", "'move' must be true or false")
 
         def run():
-            return {"tag": name, "version": db.tag(name, server.pin(ref))}
+            return {"tag": name, "version": db.tag(name, server.pin(ref), move=move)}
         return JSONResponse(await server.call(run))
 
     return [Route("/api/documents", add, methods=["POST"]),

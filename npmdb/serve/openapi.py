@@ -126,7 +126,9 @@ def schema(settings: Settings) -> dict[str, Any]:
                                                               _ref("Document")]}},
             "message": {"type": "string"}}},
         "TagRequest": {"type": "object", "required": ["name"], "properties": {
-            "name": {"type": "string"}, "version": {"type": ["integer", "string"]}}},
+            "name": {"type": "string"}, "version": {"type": ["integer", "string"]},
+            "move": {"type": "boolean", "default": False,
+                     "description": "point an existing tag at this version (409 without)"}}},
         "VersionId": {"type": "object", "properties": {"version": {"type": "integer"}}},
     }
     paths: dict[str, Any] = {
