@@ -158,7 +158,10 @@ def train(
             faster (threads waiting on a descheduled peer spin).
         progress: show a progress bar (loss, steps/s, masked spans per batch); default:
             the database's setting, else when stderr is a terminal.
-        tag_prefix: generations are tagged ``f"{tag_prefix}{step}"``.
+        tag_prefix: generations are tagged ``f"{tag_prefix}{step}"``. These tags name
+            the latest run's steps: a later run with the same prefix moves them to its own
+            versions (unlike ``db.tag``, which refuses without ``move=True``), so a run's
+            result that must survive ``vacuum`` wants a tag of its own.
         log_every, callback: call ``callback(dict)`` with step statistics every
             ``log_every`` steps (every step when 0).
         max_seconds: a time budget: stop taking steps once this many seconds of the loop
