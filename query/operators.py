@@ -536,7 +536,8 @@ class BM25Blocks(Operator):
     def run(self, st: ExecState) -> BlockHits:
         snap = st.snapshot
         terms = self.terms(st.text)
-        # one segment: tantivy's own statistics; several: global IDFs, as one big index
+        # one segment: tantivy's own statistics; several: global IDFs, as one big index,
+        # but each segment's own average block length (tantivy's; README, "Scale")
         idf = {f: global_idf([s.bm25() for s in snap.segments], terms, f)
                for f in self.fields} if len(snap.segments) > 1 else None
         return self.best(self.search(st, terms, idf))
