@@ -117,7 +117,11 @@ def cmd_query(args) -> int:
 def cmd_sql(args) -> int:
     import npmdb
 
-    params = json.loads(args.params) if args.params else None
+    try:
+        params = json.loads(args.params) if args.params else None
+    except json.JSONDecodeError as exc:
+        raise ProgrammingError(f"--params is not JSON ({exc}): give a JSON list such as "
+                               "'[\"Salem\", 3]' or an object such as '{\"q\": \"Salem\"}'") from None
     with npmdb.open(args.db, create=False, readonly=True, progress=False) as db:
         res = db.sql(args.statement, params)
         if args.json:
@@ -207,11 +211,12 @@ def cmd_train(args) -> int:
 def cmd_eval(args) -> int:
     import npmdb
     from .evaluation import load_questions
+    from .storage.versions import parse_ref
 
     options = _fill_options(args)
     questions = load_questions(args.questions)
     retrievals = [r for r in args.retrieval.split(",") if r]
-    versions = [int(v) if v.isdigit() else v for v in args.version or []] or [None]
+    versions = [parse_ref(v) for v in args.version or []] or [None]
     with npmdb.open(args.db, create=False, readonly=True, progress=False) as db:
         runs = [npmdb.evaluate(db, questions, version=v, retrieval=r, max_len=args.max_len,
                                progress=False if args.quiet else None, **options)

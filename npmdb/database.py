@@ -465,14 +465,15 @@ class Database:
         return tx.version
 
     def update(self, docs: Any, *, message: str = "") -> int | None:
-        """Replace documents with the same ids (delete + add, one version)."""
+        """Replace documents with the same ids (delete + add, one version); returns the new
+        version id (None inside a batch)."""
         items = list(read_documents(docs))
         writer = self._writing()
-        with writer.transaction(message):
+        with writer.transaction(message) as tx:
             with writer.savepoint():
                 writer.delete([d.id for d in items if d.id is not None], missing_ok=True)
                 ingest.add(writer, self._encoders, items)
-        return self.version
+        return tx.version
 
     def write_generation(self, model: Any, *, steps: int = 0, tag: str | None = None,
                          message: str = "", info: dict | None = None,
@@ -522,6 +523,12 @@ class Database:
         check_ref(version)
         writer = self._writing()
         with writer.hold():
+            if version is None and writer.uncommitted:
+                raise ProgrammingError(
+                    "tag names a committed version, and this batch's changes are not "
+                    "committed yet (HEAD is still the version before the batch): tag after "
+                    "the batch, or name the version to tag")
+
             def txn_fn(txn):
                 m = V.resolve(txn, self.env.dbs, version)
                 had = V.tags_of(txn, self.env.dbs).get(name)
@@ -577,6 +584,8 @@ class Database:
 
     def vacuum(self, *, keep_tags: bool = True, older_than: float | None = None) -> dict:
         """Remove unkept versions and all data only they referenced (see maintenance)."""
+        if not isinstance(keep_tags, bool):  # None or 0 would drop every tagged version
+            raise ProgrammingError(f"keep_tags must be True or False, got {keep_tags!r}")
         if older_than is not None and (isinstance(older_than, bool) or not isinstance(
                 older_than, (int, float)) or not older_than >= 0):
             raise ProgrammingError(f"older_than must be None or a number of seconds >= 0, "

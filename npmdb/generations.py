@@ -86,6 +86,7 @@ def reembed(writer: "Writer", encoders: "Encoders", model: Any, *, steps: int = 
     and commit a version that reads it; returns ``(version id, generation)``.
     ``engine``: None (this process) or a :class:`npmdb.ingest.ray.RayEngine`."""
     with writer.hold():
+        writer.refuse_uncommitted()  # before encoding every segment, not after
         new = _begin(writer, encoders, model)
         encoder = enc_mod.Encoder(writer.root / new.checkpoint, device=encoders.device,
                                   info=new.info)

@@ -84,6 +84,7 @@ def optimize(writer: "Writer", message: str = "", index: str | None = None,
     from npmdb.storage import retrain as R
 
     with writer.hold():
+        writer.refuse_uncommitted()  # before the merge, not after it
         if index is not None:
             writer.set_index_kind(index)
         if codec is not None:

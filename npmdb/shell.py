@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Iterable, TextIO
 
 from .errors import Error, ProgrammingError
+from .storage import versions as V
 
 __all__ = ["Shell", "split_statements", "history_path", "main"]
 
@@ -353,14 +354,14 @@ class Shell:
                 rows = [(t, v["id"]) for v in self.db.versions() for t in v["tags"]]
                 self.echo(format_rows(["tag", "version"], rows, self.mode))
             elif name == ".checkout":
-                if len(args) != 1:
+                if not args:
                     raise ProgrammingError("usage: .checkout REF (a version id, a tag, or HEAD)")
-                ref: int | str = args[0]
+                ref: int | str = line.strip()[len(parts[0]):].strip()  # a tag may hold spaces
                 if ref.upper() == "HEAD":
                     self.ref = None
                     self.echo("querying HEAD")
                 else:
-                    ref = int(ref) if ref.isdigit() else ref
+                    ref = V.parse_ref(ref)
                     view = self.db.checkout(ref)
                     self.ref = view.version
                     self.echo(f"querying version {view.version}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .arguments import check_text
 from .errors import OperationalError, ProgrammingError
 from .result import Result
 
@@ -20,12 +21,36 @@ class VersionView:
         self._db = db
         self.version = version
 
-    def _opts(self, kw: dict) -> dict:
-        if kw.get("version") not in (None, self.version):
+    def _ref(self, ref: int | str | None) -> int:
+        """This view's version for ``ref``: None, its id, or a tag of it; another version
+        is refused."""
+        if ref is not None and ref != self.version and self._db.checkout(ref).version != \
+                self.version:
             raise ProgrammingError(f"this view is of version {self.version}; query "
                                    "other versions through the database")
-        kw["version"] = self.version
+        return self.version
+
+    def _opts(self, kw: dict) -> dict:
+        kw["version"] = self._ref(kw.get("version"))
         return kw
+
+    def sql(self, text: str, params: Any = None) -> Result:
+        """``db.sql`` reading this version: a statement without ``AS OF`` reads it, and
+        ``AS OF`` may name only it."""
+        from contextlib import contextmanager
+
+        from npmdb.query import sql
+
+        db = self._db
+
+        @contextmanager
+        def context(ref=None, doc_filter=None):
+            with db._context(self._ref(ref), doc_filter) as ctx:
+                yield ctx
+        db._check_open()
+        check_text(text, "the statement")
+        check_text(params, "a parameter")
+        return sql.execute(text, params, context)
 
     def fill_mask(self, query: str, **kw: Any) -> Result:
         return self._db.fill_mask(query, **self._opts(kw))

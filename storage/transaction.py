@@ -382,6 +382,20 @@ class Writer:
             self._remove(changes.rollback(mark))
             raise
 
+    @property
+    def uncommitted(self) -> bool:
+        """The open batch holds changes that are not committed yet (the caller holds the
+        writer, so the batch is this thread's)."""
+        return self._changes is not None and self._changes.changed
+
+    def refuse_uncommitted(self) -> None:
+        """Maintenance that commits a version of its own (restore, optimize, a refresh)
+        calls this before it does any work: it cannot run inside a batch with changes."""
+        if self.uncommitted:
+            raise ProgrammingError(
+                "this operation commits a version of its own and cannot run inside a batch "
+                "with uncommitted changes: run it after the batch")
+
     def _open(self) -> _Changes:
         if self._changes is None or not self.held:
             raise ProgrammingError("no transaction is open in this thread: use "
@@ -499,11 +513,8 @@ class Writer:
         packed values) in the same transaction, such as a retrained IVF template."""
         if not self.held:
             raise ProgrammingError("commit needs the writer: use Writer.hold()")
+        self.refuse_uncommitted()
         pending = self._changes
-        if pending is not None and pending.changed:
-            raise ProgrammingError(
-                "this operation commits a version of its own and cannot run inside a batch "
-                "with uncommitted changes: run it after the batch")
         m = self._commit(ops, read, message=message, info=info, tag=tag, meta=meta)
         if pending is not None:  # an open (empty) batch goes on from the new version
             pending.read = m

@@ -26,7 +26,7 @@ from npmdb.errors import OperationalError, ProgrammingError
 from . import format as F
 
 __all__ = ["Manifest", "get_meta", "put_meta", "head", "head_generation", "get_version",
-           "put_version", "resolve", "list_versions", "set_tag", "tags_of", "next_id",
+           "put_version", "parse_ref", "resolve", "list_versions", "set_tag", "tags_of", "next_id",
            "find_doc", "Append", "Delete", "Rewrite", "Restore", "Reembed", "Operation",
            "commit", "EMPTY"]
 
@@ -83,7 +83,16 @@ def head_generation(txn, dbs) -> int:
     return 0 if m is None else m.generation
 
 
+def parse_ref(text: str) -> int | str:
+    """A version reference typed as text: ASCII digits are a version id, anything else a
+    tag name ("²" and "١" are digits to ``str.isdigit`` but no version id)."""
+    return int(text) if text.isascii() and text.isdigit() else text
+
+
 def get_version(txn, dbs, vid: int) -> Manifest:
+    if not 0 <= vid < 2 ** 63:  # ids are u64 keys: a huge one is no version, not an overflow
+        raise ProgrammingError(f"no version {vid}: version ids are integers >= 0; see "
+                               "db.versions() for the versions that exist")
     raw = txn.get(F.u64(vid), db=dbs["versions"])
     if raw is None:
         raise ProgrammingError(f"no version {vid}: see db.versions() for the versions that exist")
@@ -126,7 +135,7 @@ def resolve(txn, dbs, ref: int | str | None) -> Manifest:
         tags = tags_of(txn, dbs)
         if ref in tags:
             return get_version(txn, dbs, tags[ref])
-        if ref.isdigit():
+        if isinstance(parse_ref(ref), int):
             return get_version(txn, dbs, int(ref))
         import difflib
         close = difflib.get_close_matches(ref, list(tags), n=1)
@@ -326,7 +335,9 @@ def commit(txn, dbs, ops: Sequence[Operation], read: Manifest | None, *, message
 
 
 def _stats(txn, dbs, d: _Draft, records: dict[int, F.SegmentRecord]) -> dict[str, int]:
-    """Live documents, blocks and tokens of a manifest, from its segments' records."""
+    """Live documents of a manifest, and the blocks and tokens its segments store, from the
+    segments' records: a deleted document's blocks and tokens count until ``optimize``
+    rewrites its segment (as a search index counts deleted entries until a merge)."""
     docs = blocks = tokens = 0
     for s in d.segments:
         rec = records.get(s) or F.get_segment(txn, dbs, s)

@@ -538,3 +538,12 @@ def test_fuzz_only_npmdb_errors_and_no_hangs(fuzz_db, target, default):
     for did, text in added.items():
         assert fuzz_db.get(did)["text"] == text
     assert fuzz_db.check().clean
+
+
+def test_cli_sql_params_that_are_not_json(base, capsys):
+    """`npmdb sql --params` with malformed JSON exits 2 with the reason, no traceback."""
+    from npmdb.cli import main
+
+    assert main(["sql", str(base), "SELECT phrase FROM MASKED(?)", "--params", "[1"]) == 2
+    err = capsys.readouterr().err
+    assert "--params is not JSON" in err and "Traceback" not in err

@@ -80,7 +80,8 @@ def test_commands_in_process(versioned_db_path):
                                   "SELECT id FROM DOCUMENTS LIMIT 1000;"))
         lines = out.getvalue().splitlines()
         assert lines.count("id") == 2 and len(lines) == 2 + 300 + 1 + 400
-        for bad in (".mode xml", ".timer maybe", ".checkout", ".frobnicate", ".checkout nope"):
+        for bad in (".mode xml", ".timer maybe", ".checkout", ".frobnicate", ".checkout nope",
+                    ".checkout ²", ".checkout 99999999999999999999999"):
             assert sh.execute(bad) is False
         assert sh.execute(".help") and sh.execute("  ") and sh.execute("-- only a comment;")
 
@@ -188,3 +189,15 @@ def test_an_interactive_session_loads_the_encoder_while_the_user_types(versioned
             assert "OperationalError" in err.getvalue(), err.getvalue()
     finally:
         threading.excepthook = hook
+
+
+def test_checkout_a_tag_with_spaces(tmp_path, tiny_encoder):
+    import npmdb
+
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:
+        db.add([{"id": "a", "text": "Oslo is the capital of Norway."}])
+        db.tag("before the  update")
+        db.add([{"id": "b", "text": "Bergen is a city in Norway."}])
+        out, err = io.StringIO(), io.StringIO()
+        sh = Shell(db, out=out, err=err)
+        assert sh.execute(".checkout before the  update") and sh.ref == 1, err.getvalue()

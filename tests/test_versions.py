@@ -409,3 +409,59 @@ def test_an_existing_tag_moves_only_when_asked(tmp_path, tiny_encoder, capsys):
         db.vacuum()
         assert [v["id"] for v in db.versions()] == [2]
         assert db.checkout("release").count() == 2
+
+
+def test_version_references_typed_as_text(tmp_path, tiny_encoder):
+    """A digit string is a version id only in ASCII and within u64; anything else is an
+    unknown tag or version, a ProgrammingError, never an overflow or a ValueError."""
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:
+        db.add([{"id": "a", "text": "Oslo is the capital of Norway."}])
+        assert db.checkout("1").version == 1
+        for ref in ("99999999999999999999999", "²", "١", 2 ** 64):
+            with pytest.raises(npmdb.ProgrammingError, match="no version"):
+                db.checkout(ref)
+            with pytest.raises(npmdb.ProgrammingError, match="no version"):
+                db.restore(ref)
+        with pytest.raises(npmdb.ProgrammingError, match="no version"):
+            db.sql("SELECT phrase FROM MASKED('Oslo is in [MASK].') AS OF ?",
+                   ["99999999999999999999999"])
+        with pytest.raises(npmdb.ProgrammingError, match="keep_tags must be True or False"):
+            db.vacuum(keep_tags=None)
+        assert [v["id"] for v in db.versions()] == [1]
+
+
+def test_batch_refuses_what_it_cannot_see(tmp_path, tiny_encoder):
+    """Inside a batch with uncommitted changes, tagging HEAD (the version before the batch)
+    and optimize (before merging anything) are refused; update returns None there, as add
+    and delete do."""
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:
+        db.add([{"id": "a", "text": "Oslo is the capital of Norway."}])
+        db.add([{"id": "b", "text": "Bergen is a city in Norway."}])
+        with db.batch():
+            assert db.update([{"id": "a", "text": "Oslo is a city in Norway."}]) is None
+            with pytest.raises(npmdb.ProgrammingError, match="tag after the batch"):
+                db.tag("with-update")
+            assert db.tag("before", 2) == 2  # a named, committed version is fine
+            with pytest.raises(npmdb.ProgrammingError, match="run it after the batch"):
+                db.optimize()
+        assert db.version == 3 and db.get("a", version=3)["text"] == "Oslo is a city in Norway."
+        assert db.check().clean  # optimize left no merged segment behind
+        assert db.update([{"id": "b", "text": "Bergen is a port."}]) == 4
+
+
+def test_a_checkout_view_reads_its_version(tmp_path, tiny_encoder):
+    """A view takes its own version by id or tag, refuses another, and runs SQL on itself."""
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:
+        db.add([{"id": "a", "text": "Oslo is the capital of Norway."}])
+        db.tag("first")
+        db.add([{"id": "b", "text": "Bergen is a city in Norway."}])
+        view = db.checkout("first")
+        q = "Oslo is the capital of [MASK]."
+        assert view.fill_mask(q, version="first").version == 1
+        with pytest.raises(npmdb.ProgrammingError, match="this view is of version 1"):
+            view.fill_mask(q, version=2)
+        res = view.sql("SELECT phrase FROM MASKED(?) LIMIT 3", [q])
+        assert res.version == 1
+        assert view.sql("SELECT phrase FROM MASKED(?) AS OF 'first'", [q]).version == 1
+        with pytest.raises(npmdb.ProgrammingError, match="this view is of version 1"):
+            view.sql("SELECT phrase FROM MASKED(?) AS OF 2", [q])

@@ -39,6 +39,7 @@ from starlette.templating import Jinja2Templates
 
 from ..errors import (Error, IntegrityError, NotSupportedError, OperationalError,
                       ProgrammingError, QueryParseError)
+from ..storage.versions import parse_ref
 from .settings import Settings
 
 __all__ = ["build_app", "Server", "ApiError"]
@@ -108,8 +109,8 @@ class Server:
             if vid is None:
                 raise ApiError(400, "ProgrammingError", "the database has no versions yet")
             return vid
-        if isinstance(ref, str) and ref.isdigit():
-            ref = int(ref)
+        if isinstance(ref, str):
+            ref = parse_ref(ref)
         if isinstance(ref, bool) or not isinstance(ref, (int, str)):
             raise ApiError(400, "BadRequest", f"version must be an id or a tag, got {ref!r}")
         return self.db.checkout(ref).version
