@@ -80,22 +80,30 @@ def cmd_add(args) -> int:
     return 0
 
 
-def _fill_options(args) -> dict:
+def _fill_options(args, flags: Sequence[str]) -> dict:
     """The ``--option NAME=VALUE`` pairs of ``npmdb query`` and ``npmdb eval``, typed; a
-    pair without ``=`` is the caller's mistake (ProgrammingError)."""
+    pair without ``=``, or one that repeats a flag of the command (``flags``), is the
+    caller's mistake (ProgrammingError)."""
     from .arguments import parse_assignments
 
     try:
-        return parse_assignments(args.option, "--option")
+        options = parse_assignments(args.option, "--option")
     except ValueError as exc:
         raise ProgrammingError(str(exc)) from None
+    for name in options:  # a flag of the command: one value, from the flag
+        if name in flags:
+            flag = "-k" if name == "k" else f"--{name.replace('_', '-')}"
+            raise ProgrammingError(f"--option {name}=... repeats the flag {flag}: give it "
+                                   "as the flag")
+    return options
 
 
 def cmd_query(args) -> int:
     import npmdb
     from .encoders import preload
 
-    options = _fill_options(args)
+    options = _fill_options(args, ("top", "k", "mode", "retrieval", "blocks", "max_len", "tau",
+                                   "alpha", "exact", "version"))
     with npmdb.open(args.db, create=False, readonly=True, progress=False) as db:
         opts = dict(top=args.top, k=args.k, mode=args.mode, retrieval=args.retrieval,
                     blocks=args.blocks, max_len=args.max_len, tau=args.tau, alpha=args.alpha,
@@ -213,9 +221,12 @@ def cmd_eval(args) -> int:
     from .evaluation import load_questions
     from .storage.versions import parse_ref
 
-    options = _fill_options(args)
+    options = _fill_options(args, ("retrieval", "max_len", "version"))
     questions = load_questions(args.questions)
-    retrievals = [r for r in args.retrieval.split(",") if r]
+    retrievals = [r.strip() for r in args.retrieval.split(",") if r.strip()]
+    if not retrievals:
+        raise ProgrammingError(f"--retrieval {args.retrieval!r} names no retrieval: give "
+                               "bm25, dense or hybrid, or several joined by commas")
     versions = [parse_ref(v) for v in args.version or []] or [None]
     with npmdb.open(args.db, create=False, readonly=True, progress=False) as db:
         runs = [npmdb.evaluate(db, questions, version=v, retrieval=r, max_len=args.max_len,

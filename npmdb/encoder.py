@@ -218,6 +218,9 @@ class Encoder:
         self._backend = Tokenizer.from_str(backend.to_str())
         self._backend.no_truncation()
         self._backend.no_padding()
+        # Text is text: "[MASK]", "[CLS]" or "<s>" written in a document (or around a query's
+        # mask) are characters, not control tokens; the query's mask goes in by id.
+        self._backend.encode_special_tokens = True
         self.mask_id = int(tok.mask_token_id)
         self.mask_token = str(tok.mask_token)
         self.cls_id = int(tok.cls_token_id if tok.cls_token_id is not None else tok.bos_token_id)

@@ -128,7 +128,7 @@ class Question:
                                    f"number of words, got {length!r}")
         return cls(query=row["query"], answers=(answers,) if isinstance(answers, str)
                    else tuple(answers), relation=str(row.get("relation") or ""),
-                   id=str(row.get("id") or ""), length=length)
+                   id="" if row.get("id") is None else str(row["id"]), length=length)
 
 
 def load_questions(source: str | Path | Iterable[Mapping[str, Any] | Question]
@@ -142,14 +142,23 @@ def load_questions(source: str | Path | Iterable[Mapping[str, Any] | Question]
                                    '{"query": ..., "answers": [...]} object a line')
         opener = gzip.open if path.suffix == ".gz" else open
         out = []
-        with opener(path, "rt", encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    out.append(Question.from_dict(json.loads(line)))
-                except (json.JSONDecodeError, ProgrammingError, TypeError, ValueError) as exc:
-                    raise DataError(f"{path}, line {lineno}: {exc}") from exc
+        try:
+            with opener(path, "rb") as f:  # bytes, decoded a line at a time: exact line numbers
+                for lineno, raw in enumerate(f, 1):
+                    try:
+                        line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+                    except UnicodeDecodeError as exc:
+                        raise DataError(f"{path}, line {lineno}: not UTF-8 text ({exc.reason} "
+                                        f"at byte {exc.start}): save the file as UTF-8") from None
+                    if not line.strip():
+                        continue
+                    try:
+                        out.append(Question.from_dict(json.loads(line)))
+                    except (json.JSONDecodeError, ProgrammingError, TypeError, ValueError) as exc:
+                        raise DataError(f"{path}, line {lineno}: {exc}") from exc
+        except (OSError, EOFError) as exc:  # a damaged or mislabelled .gz, an unreadable file
+            raise DataError(f"{path} cannot be read ({exc}): give a JSONL file, gzipped only "
+                            "when its name ends in .gz") from None
     else:
         out = [q if isinstance(q, Question) else Question.from_dict(q) for q in source]
     if not out:
@@ -396,7 +405,7 @@ class Decision:
 
 
 def keep_if_better(db: "Database", questions: str | Path | Iterable[Mapping[str, Any] | Question],
-                   *, before: int, trained: Sequence[int], retrieval: str = "bm25",
+                   *, before: int | str, trained: Sequence[int], retrieval: str = "bm25",
                    max_len: int = 10, progress: bool | None = None,
                    **options: Any) -> Decision:
     """Keep a training run's version as HEAD only if it answers ``questions`` better.
@@ -412,6 +421,7 @@ def keep_if_better(db: "Database", questions: str | Path | Iterable[Mapping[str,
         raise ProgrammingError("keep_if_better needs the versions the training committed "
                                "(TrainReport.versions); this run committed none")
     qs = load_questions(questions)
+    before = db.checkout(before).version  # a tag or a digit string: its id
     head = db.version
     kw = dict(retrieval=retrieval, max_len=max_len, progress=progress, **options)
     c = compare(evaluate(db, qs, version=before, **kw), evaluate(db, qs, **kw))

@@ -212,6 +212,9 @@ class _Binder:
                 continue
             name = it.alias or (".".join(it.expr.parts) if isinstance(it.expr, A.Name)
                                 else expr_to_sql(it.expr))
+            if any(p.name == name for p in items):  # a row is a dict: one would be lost
+                self.fail(it, f"two select items are named {name!r}; a result row holds one "
+                              "value a name: rename one with AS")
             items.append(ProjectItem(name, self.resolve(it.expr, "select")))
         return tuple(items)
 

@@ -138,10 +138,11 @@ class Result:
 def _arrow_column(pa: Any, values: list) -> Any:
     """One Arrow column of ``values``; a column that holds values of more than one type (a
     ``meta`` field that is a number in one document and a string or list in another) is a
-    column of strings: each value as JSON, a string as itself, a missing one as null."""
+    column of strings: each value as JSON, a string as itself, a missing one as null. So is
+    a column of integers that no one Arrow integer type holds (2**64 - 1 beside -1)."""
     try:
         return pa.array(values)
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
         return pa.array([v if v is None or isinstance(v, str)
                          else json.dumps(v, ensure_ascii=False, default=str) for v in values],
                         type=pa.string())

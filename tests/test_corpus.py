@@ -229,6 +229,14 @@ def test_pandas_missing_text_is_reported_by_row():
         docs(frame)
 
 
+def test_pandas_missing_title_and_id_are_missing():
+    """pandas stores a missing str as NaN: a NaN title is no title, a NaN id lets the
+    database assign one, as None does (and as in an Arrow table)."""
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame({"id": ["a", None], "title": [None, "B"], "text": ["x", "y"]})
+    assert docs(frame) == [Document("a", "", "x", {}), Document(None, "B", "y", {})]
+
+
 def test_arrow_table():
     pa = pytest.importorskip("pyarrow")
     table = pa.table({"text": ["x", "y"], "title": ["A", None]})

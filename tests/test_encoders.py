@@ -97,6 +97,20 @@ def test_other_encoder_families_store_and_answer(tmp_path, encoders, sample_corp
         assert {"thessaloniki", "greece"} <= {fold(a.text) for a in res}
 
 
+def test_special_tokens_written_in_text_are_text(tiny_encoder):
+    """"[MASK]", "[CLS]", "[PAD]" in a document, or beside a query's mask, are characters:
+    stored as word pieces, never as control tokens; the query's own mask goes in by id."""
+    from npmdb.encoder import Encoder
+
+    e = Encoder(tiny_encoder)
+    text = "BERT writes [MASK] or [CLS] here, then [PAD]."
+    tt = e.tokenize(text)
+    assert not set(int(i) for i in tt.ids) & e.special_ids
+    assert "".join(text[s:t] for s, t in tt.offsets).count("MASK") == 1
+    ids, pos = e.query_ids("The token [CLS] starts [MASK].", "phrase")
+    assert [i for i, t in enumerate(ids) if int(t) in e.special_ids] == [0, *pos, len(ids) - 1]
+
+
 def test_roberta_offsets_have_no_leading_space(encoders):
     from npmdb.encoder import Encoder
 

@@ -118,8 +118,10 @@ def test_evaluation_module_reachable_from_bare_import():
 
 def test_keep_if_better(planted):
     with npmdb.open(planted, progress=False) as db:
-        # "training" made version 2 (Salem's entry gone: 25 % against 50 %): restored
-        d = keep_if_better(db, QUESTIONS, before=1, trained=[2], progress=False)
+        # "training" made version 2 (Salem's entry gone: 25 % against 50 %): restored;
+        # ``before`` may be a tag or a digit string, as any version reference
+        db.tag("start", 1)
+        d = keep_if_better(db, QUESTIONS, before="start", trained=[2], progress=False)
         assert not d.kept and d.restored_as == 3 == db.version
         assert "restored: version 3 equals version 1" in str(d) and "AS OF 2" in str(d)
         assert npmdb.evaluate(db, QUESTIONS, progress=False).micro == pytest.approx(50.0)
@@ -202,6 +204,20 @@ def test_questions_are_checked(tmp_path):
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(npmdb.ProgrammingError, match="no questions"):
         load_questions(tmp_path / "empty.jsonl")
+    # damaged files: a DataError naming the file (and the line), never a decoder's traceback
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes(json.dumps(QUESTIONS[0]).encode() + b'\n{"query": "a [MASK].", '
+                      b'"answers": ["caf\xe9"]}\n')
+    with pytest.raises(npmdb.DataError, match=r"latin\.jsonl, line 2: not UTF-8"):
+        load_questions(latin)
+    fake = tmp_path / "q.jsonl.gz"
+    fake.write_text(json.dumps(QUESTIONS[0]) + "\n")
+    with pytest.raises(npmdb.DataError, match=r"q\.jsonl\.gz cannot be read"):
+        load_questions(fake)
+    # a BOM is not part of the first object; an id of 0 is an id
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + json.dumps(dict(QUESTIONS[0], id=0)).encode() + b"\n")
+    assert load_questions(bom)[0].id == "0"
 
 
 def test_options_reach_fill_mask(planted):
@@ -241,6 +257,12 @@ def test_cli_compares_versions(planted, tmp_path, capsys):
     assert got[1]["comparison"]["lost"] == 1 and got[1]["comparison"]["p_value"] == 1.0
     assert main(["eval", str(planted), str(qfile), "--option", "blocks"]) == 2
     assert "NAME=VALUE" in capsys.readouterr().err
+    assert main(["eval", str(planted), str(qfile), "--option", "max_len=5"]) == 2
+    assert "repeats the flag --max-len" in capsys.readouterr().err
+    assert main(["query", str(planted), "Salem is in [MASK].", "--option", "k=5"]) == 2
+    assert "repeats the flag -k" in capsys.readouterr().err
+    assert main(["eval", str(planted), str(qfile), "--retrieval", ","]) == 2
+    assert "names no retrieval" in capsys.readouterr().err
     qfile.write_text('{"query": "no mask here", "answers": ["x"]}\n')
     assert main(["eval", str(planted), str(qfile)]) == 2
     assert "line 1" in capsys.readouterr().err

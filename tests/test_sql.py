@@ -670,6 +670,21 @@ def test_to_arrow_takes_columns_of_mixed_types(new_db):
     assert json.loads(t.column("meta").to_pylist()[1]) == {"year": "old", "tags": [1]}
     t = new_db.sql("SELECT id, meta.year FROM DOCUMENTS WHERE id != 'b'").to_arrow()
     assert t.column("meta.year").type == pa.int64()
+    # integers that no one Arrow integer type holds: strings too, not an OverflowError
+    new_db.add([{"id": "d", "text": "Big.", "meta": {"n": 2 ** 64 - 1}},
+                {"id": "e", "text": "Small.", "meta": {"n": -1}}])
+    t = new_db.sql("SELECT meta.n FROM DOCUMENTS WHERE id IN ('d', 'e') ORDER BY id").to_arrow()
+    assert t.column("meta.n").to_pylist() == [str(2 ** 64 - 1), "-1"]
+
+
+def test_select_items_need_distinct_names(db):
+    """A row is a dict of column names: two items with one name would lose one's values."""
+    for statement, column in (("SELECT id, title AS id FROM DOCUMENTS", 12),
+                              ("SELECT phrase, score AS phrase FROM MASKED('x [MASK].')", 16)):
+        with pytest.raises(QueryParseError, match="two select items are named") as err:
+            db.sql(statement)
+        assert err.value.column == column
+    assert db.sql("SELECT id, title AS id2 FROM DOCUMENTS LIMIT 1").columns == ("id", "id2")
 
 
 def test_like_matcher():

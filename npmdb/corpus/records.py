@@ -92,8 +92,14 @@ def _check_text(value: Any, where: str, field_name: str) -> str:
                     "document's text must be a str (use \"\" for an empty document)")
 
 
+def _missing(value: Any) -> bool:
+    """None, or a data frame's missing value: NaN (pandas' missing str) or ``pandas.NA``."""
+    return value is None or (isinstance(value, float) and value != value) or \
+        type(value).__name__ == "NAType"
+
+
 def _check_id(value: Any, where: str, field_name: str) -> str | None:
-    if value is None:
+    if _missing(value):
         return None
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
@@ -109,7 +115,7 @@ def _check_id(value: Any, where: str, field_name: str) -> str | None:
 
 
 def _check_title(value: Any, where: str, field_name: str) -> str:
-    if value is None:
+    if _missing(value):
         return ""
     if isinstance(value, str):
         _check_encodable(value, where, f"{field_name!r}")
