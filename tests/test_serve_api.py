@@ -388,3 +388,47 @@ def test_sharded_server_answers_as_one_process(versioned_db_path, client):
         main(args)
     with pytest.raises(ProgrammingError, match="give --shards N"):
         main(SimpleNamespace(**{**vars(args), "write": False, "shards": None, "ray": True}))
+
+
+def test_writes_run_to_their_end_and_queue(tmp_path, tiny_encoder, sample_corpus):
+    """A write is not cut off by the time limit (it would commit after a 503, and a retry
+    would add its documents twice), and overlapping writes wait for each other."""
+    import threading
+
+    import npmdb
+
+    path = tmp_path / "db"
+    with npmdb.open(path, encoder=tiny_encoder, progress=False) as db:
+        db.add(sample_corpus[:20])
+    auth = {"Authorization": "Bearer s3cret"}
+    docs = [{"id": f"w{i}", "text": d["text"]} for i, d in enumerate(sample_corpus[20:220])]
+    with TestClient(create_app(path, Settings(token="s3cret", write=True,
+                                              time_limit=0.01))) as c:
+        r = c.post("/api/documents", headers=auth, json={"documents": docs})
+        assert r.status_code == 201 and r.json() == {"version": 2, "added": 200}
+    with TestClient(create_app(path, Settings(token="s3cret", write=True))) as c:
+        codes: list[int] = []
+
+        def post(i: int) -> None:
+            codes.append(c.post("/api/documents", headers=auth, json={"documents": [
+                {"id": f"t{i}", "text": f"Town {i} is in Norway."}]}).status_code)
+        threads = [threading.Thread(target=post, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert codes == [201] * 6
+        assert c.get("/api/versions", headers=auth).json()["head"] == 8
+
+
+def test_bodies_the_api_refuses_or_cleans(writer):
+    c, _ = writer
+    auth = {"Authorization": "Bearer s3cret"}
+    e = error_of(c.post("/api/tags", headers=auth, json={"name": "t", "versoin": 1}), 400)
+    assert "unknown field(s) versoin" in e["message"]
+    error_of(c.post("/api/documents", headers=auth, json={"documents": ["x"], "msg": "m"}), 400)
+    e = error_of(c.post("/api/fill_mask", headers=auth, content="[" * 5000 + "]" * 5000), 400)
+    assert "nested too deeply" in e["message"]
+    body = c.post("/api/sql", headers=auth, json={
+        "query": "SELECT id, 1e308 * 10 AS x, 0.0 * (1e308 * 10) AS y FROM DOCUMENTS LIMIT 1"})
+    assert body.status_code == 200 and body.json()["rows"][0][1:] == [None, None]

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
-from typing import Any
+from typing import Any, Sequence
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -28,15 +29,34 @@ CLASSIFY_OPTIONS = ("tau", "k", "mode", "retrieval", "blocks", "max_len", "exact
 CONTEXT = 80  # characters of context either side of an occurrence
 
 
-async def read_json(request: Request) -> dict[str, Any]:
-    """The request body as a JSON object, or a 400 that says what is wrong."""
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN or infinite number as None: JSON has neither, and a SQL
+    expression can compute them (``1e308 * 10``)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+async def read_json(request: Request, keys: Sequence[str] | None = None) -> dict[str, Any]:
+    """The request body as a JSON object, or a 400 that says what is wrong; with ``keys``,
+    a key not among them is refused (a misspelt "versoin" must not be ignored)."""
     body = await request.body()
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, "BadRequest", f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ApiError(400, "BadRequest", "the request body is nested too deeply") from None
     if not isinstance(data, dict):
         raise ApiError(400, "BadRequest", "the request body must be a JSON object")
+    unknown = sorted(set(data) - set(keys)) if keys is not None else []
+    if unknown:
+        raise ApiError(400, "BadRequest", f"unknown field(s) {', '.join(unknown)}; allowed: "
+                       f"{', '.join(keys)}")
     return data
 
 
@@ -174,7 +194,7 @@ def routes(server: Server) -> list[Route]:
             body = {"columns": cols, "rows": rows[:s.max_rows], "truncated": len(rows) > s.max_rows,
                     "version": res.version, "generation": res.generation, "ms": round(ms, 3),
                     "plan": res.plan}
-            return json.loads(json.dumps(body, ensure_ascii=False, default=str))
+            return json.loads(json.dumps(_finite(body), ensure_ascii=False, default=str))
         return JSONResponse(await server.call(run))
 
     async def versions(request: Request) -> JSONResponse:
@@ -275,7 +295,7 @@ def write_routes(server: Server) -> list[Route]:
     db = server.db
 
     async def add(request: Request) -> JSONResponse:
-        data = await read_json(request)
+        data = await read_json(request, ("documents", "message"))
         docs = data.get("documents")
         if not isinstance(docs, list) or not docs or not all(
                 isinstance(d, (str, dict)) for d in docs):
@@ -285,21 +305,19 @@ def write_routes(server: Server) -> list[Route]:
         if not isinstance(message, str):
             raise ApiError(400, "BadRequest", "'message' must be a string")
 
-        def run():
-            before = db.count()
-            vid = db.add(docs, message=message)
-            return {"version": vid, "added": db.count(vid) - before}
-        return JSONResponse(await server.call(run), status_code=201)
+        def run():  # all or nothing: every document is added, or none
+            return {"version": db.add(docs, message=message), "added": len(docs)}
+        return JSONResponse(await server.write(run), status_code=201)
 
     async def delete(request: Request) -> JSONResponse:
         doc_id = request.path_params["doc_id"]
 
         def run():
             return {"version": db.delete(doc_id)}
-        return JSONResponse(await server.call(run))
+        return JSONResponse(await server.write(run))
 
     async def tag(request: Request) -> JSONResponse:
-        data = await read_json(request)
+        data = await read_json(request, ("name", "version", "move"))
         name, ref, move = data.get("name"), data.get("version"), data.get("move", False)
         if not isinstance(name, str) or not name:
             raise ApiError(400, "BadRequest", "'name' must be a non-empty string")
@@ -308,7 +326,7 @@ def write_routes(server: Server) -> list[Route]:
 
         def run():
             return {"tag": name, "version": db.tag(name, server.pin(ref), move=move)}
-        return JSONResponse(await server.call(run))
+        return JSONResponse(await server.write(run))
 
     return [Route("/api/documents", add, methods=["POST"]),
             Route("/api/documents/{doc_id:path}", delete, methods=["DELETE"]),

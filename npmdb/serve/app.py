@@ -88,8 +88,9 @@ class Server:
         self.settings = settings
         sharded = {} if settings.shards is None else {"engine": settings.engine,
                                                       "shards": settings.shards}
+        # writes queue for the writer (up to the time limit) instead of failing at once
         self.db = npmdb.open(db_path, create=False, readonly=not settings.write, progress=False,
-                             **sharded)
+                             timeout=settings.time_limit, **sharded)
         self.limiter = anyio.CapacityLimiter(settings.threads)
 
     def warm(self) -> None:
@@ -125,6 +126,15 @@ class Server:
         except TimeoutError:
             raise ApiError(503, "Timeout", f"the request took longer than the "
                            f"{self.settings.time_limit:g} s limit") from None
+        except Error as exc:
+            raise from_npmdb(exc) from None
+
+    async def write(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        """Run a write on a worker thread to its end. A write is not cut off by the time
+        limit: abandoned, it would still commit after the client was told it failed (and
+        a retry would add its documents twice)."""
+        try:
+            return await anyio.to_thread.run_sync(partial(fn, *args, **kw), limiter=self.limiter)
         except Error as exc:
             raise from_npmdb(exc) from None
 

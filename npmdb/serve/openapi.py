@@ -106,7 +106,9 @@ def schema(settings: Settings) -> dict[str, Any]:
             "params": {"oneOf": [{"type": "array"}, {"type": "object"}]}}},
         "SqlResult": {"type": "object", "properties": {
             "columns": {"type": "array", "items": {"type": "string"}},
-            "rows": {"type": "array", "items": {"type": "array"}},
+            "rows": {"type": "array", "items": {"type": "array"},
+                     "description": "a value that is not a finite number (NaN, infinity) "
+                                    "is null: JSON has neither"},
             "truncated": {"type": "boolean"}, "version": {"type": ["integer", "null"]},
             "generation": {"type": ["integer", "null"]}, "ms": {"type": "number"},
             "plan": {"type": "string"}}},
@@ -121,11 +123,13 @@ def schema(settings: Settings) -> dict[str, Any]:
             "total": {"type": "integer"}, "offset": {"type": "integer"},
             "limit": {"type": "integer"}, "more": {"type": "boolean"},
             "version": {"type": "integer"}}},
-        "AddRequest": {"type": "object", "required": ["documents"], "properties": {
+        "AddRequest": {"type": "object", "required": ["documents"],
+                       "additionalProperties": False, "properties": {
             "documents": {"type": "array", "items": {"oneOf": [{"type": "string"},
                                                               _ref("Document")]}},
             "message": {"type": "string"}}},
-        "TagRequest": {"type": "object", "required": ["name"], "properties": {
+        "TagRequest": {"type": "object", "required": ["name"],
+                       "additionalProperties": False, "properties": {
             "name": {"type": "string"}, "version": {"type": ["integer", "string"]},
             "move": {"type": "boolean", "default": False,
                      "description": "point an existing tag at this version (409 without)"}}},

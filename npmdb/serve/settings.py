@@ -22,7 +22,8 @@ class Settings:
     max_evidence: int = 20
     max_rows: int = 10_000            # rows returned by /api/sql (the rest is cut)
     max_page: int = 200               # documents per page
-    time_limit: float = 30.0          # seconds per request (503 after it)
+    time_limit: float = 30.0          # seconds per read (503 after it); a write waits this
+                                      # long for the writer, then runs to its end
     threads: int = 4                  # requests executing at once; the rest wait
     shards: int | None = None         # sharded search over this many shards (read-only)
     engine: str = "ray"               # where the shards run ('ray' | 'local')
