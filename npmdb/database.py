@@ -23,7 +23,8 @@ from . import maintenance
 from .arguments import check_ref, check_text
 from .corpus import read_documents
 from .encoders import Encoders
-from .errors import IntegrityError, InterfaceError, OperationalError, ProgrammingError
+from .errors import (DataError, IntegrityError, InterfaceError, OperationalError,
+                     ProgrammingError)
 from .progress import bar_factory
 from .result import Result
 from .shards import check_sharding, open_shards
@@ -76,6 +77,15 @@ def open(path: str | os.PathLike, *, encoder: str | os.PathLike | None = None,
     return Database(path, encoder=encoder, create=create, readonly=readonly, **options)
 
 
+def _check_codec(name: Any) -> None:
+    """A codec option names a known codec: a bad name is the caller's mistake
+    (ProgrammingError; a damaged stored name stays a DataError)."""
+    try:
+        C.get_codec(name)
+    except DataError as exc:
+        raise ProgrammingError(str(exc)) from None
+
+
 class Database:
     """An npmdb database directory. Create with :func:`npmdb.open`."""
 
@@ -103,12 +113,14 @@ class Database:
         exists = (self.path / "data.mdb").exists()
         made = False
         if not exists:
+            if self.path.exists() and not self.path.is_dir():  # a file: create=True won't help
+                raise OperationalError(f"{self.path} is a file, not an npmdb database (a "
+                                       "database is a directory): give the database's "
+                                       "directory")
             if readonly or not create:
                 raise OperationalError(f"no npmdb database at {self.path}: pass create=True "
                                        "(and readonly=False) to make one, or from the shell "
                                        f"`npmdb add {self.path} FILE`")
-            if self.path.exists() and not self.path.is_dir():
-                raise OperationalError(f"{self.path} exists and is not a directory")
             if self.path.exists() and any(p for p in self.path.iterdir()
                                           if p.name not in ("write.lock",)):
                 raise OperationalError(f"{self.path} is a non-empty directory that is not an "
@@ -158,7 +170,7 @@ class Database:
 
     def _create(self, encoder, *, block_len: int, codec: str, dense: str) -> None:
         if codec != C.AUTO:
-            C.get_codec(codec)
+            _check_codec(codec)
         if dense not in SEGMENT_KINDS + (AUTO,):
             raise ProgrammingError(f"dense must be one of {SEGMENT_KINDS + (AUTO,)}, got "
                                    f"{dense!r}")
@@ -517,9 +529,7 @@ class Database:
             raise ProgrammingError(f"move must be True or False, got {move!r}")
         if isinstance(name, str):
             check_text(name, "the tag name")
-            if len(name.encode()) > 400:
-                raise ProgrammingError(f"tag names are at most 400 bytes (UTF-8), got "
-                                       f"{len(name.encode())}")
+        V.check_tag_name(name)
         check_ref(version)
         writer = self._writing()
         with writer.hold():
@@ -578,7 +588,7 @@ class Database:
             if not isinstance(codec, str):
                 raise ProgrammingError(f"codec must be a codec name, got {codec!r}")
             if codec != C.AUTO:
-                C.get_codec(codec)
+                _check_codec(codec)
         return maintenance.optimize(self._writing(), message, index=kind, codec=codec,
                                     retrain=retrain)
 

@@ -158,7 +158,7 @@ class Int4Codec:
 # state in the LMDB environments this process has open).
 
 CODEC_STATE_KEY = "codec_state"
-_PQ_NAME = re.compile(r"^pq(\d+)?(?::([0-9a-f]{16}))?$")
+_PQ_NAME = re.compile(r"\Apq([1-9][0-9]*)?(?::([0-9a-f]{16}))?\Z")  # ASCII digits only
 _LOADED: dict[str, "PQCodec"] = {}
 _LOADED_LOCK = threading.Lock()
 

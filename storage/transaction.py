@@ -388,6 +388,11 @@ class Writer:
         writer, so the batch is this thread's)."""
         return self._changes is not None and self._changes.changed
 
+    @property
+    def in_batch(self) -> bool:
+        """The calling thread has a batch (``Writer.transaction``) open."""
+        return self._changes is not None and self.held
+
     def refuse_uncommitted(self) -> None:
         """Maintenance that commits a version of its own (restore, optimize, a refresh)
         calls this before it does any work: it cannot run inside a batch with changes."""

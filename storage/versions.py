@@ -26,7 +26,7 @@ from npmdb.errors import OperationalError, ProgrammingError
 from . import format as F
 
 __all__ = ["Manifest", "get_meta", "put_meta", "head", "head_generation", "get_version",
-           "put_version", "parse_ref", "resolve", "list_versions", "set_tag", "tags_of", "next_id",
+           "put_version", "parse_ref", "check_tag_name", "resolve", "list_versions", "set_tag", "tags_of", "next_id",
            "find_doc", "Append", "Delete", "Rewrite", "Restore", "Reembed", "Operation",
            "commit", "EMPTY"]
 
@@ -113,10 +113,22 @@ def tags_of(txn, dbs) -> dict[str, int]:
     return {bytes(k).decode(): int(F.unpack(v)) for k, v in cur}
 
 
-def set_tag(txn, dbs, name: str, vid: int) -> None:
+def check_tag_name(name: object) -> None:
+    """A tag name is a non-empty str, not a number, not HEAD, at most 400 bytes of UTF-8."""
     if not isinstance(name, str) or not name or name.isdigit() or name.upper() == "HEAD":
         raise ProgrammingError(f"invalid tag name {name!r}: use a non-empty name that is not "
                                "a number and not HEAD")
+    try:
+        size = len(name.encode())
+    except UnicodeEncodeError:
+        raise ProgrammingError(f"invalid tag name {name!r}: it holds a lone surrogate, which "
+                               "is not valid Unicode text") from None
+    if size > 400:
+        raise ProgrammingError(f"tag names are at most 400 bytes (UTF-8), got {size}")
+
+
+def set_tag(txn, dbs, name: str, vid: int) -> None:
+    check_tag_name(name)
     txn.put(name.encode(), F.pack(int(vid)), db=dbs["tags"])
 
 

@@ -547,3 +547,12 @@ def test_cli_sql_params_that_are_not_json(base, capsys):
     assert main(["sql", str(base), "SELECT phrase FROM MASKED(?)", "--params", "[1"]) == 2
     err = capsys.readouterr().err
     assert "--params is not JSON" in err and "Traceback" not in err
+
+
+def test_a_file_is_not_a_database(tmp_path):
+    f = tmp_path / "notes.txt"
+    f.write_text("hello")
+    for create in (False, True):
+        with pytest.raises(npmdb.OperationalError, match="is a file, not an npmdb database"):
+            npmdb.open(f, create=create, progress=False)
+    assert f.read_text() == "hello"

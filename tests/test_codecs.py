@@ -230,8 +230,9 @@ def test_auto_codec_compacts_a_large_corpus_and_optimize_converts(tmp_path, tiny
         got = [a.text for a in db.fill_mask(QUERY, top=3, exact=True)]
         assert got[0] == want[0]
         v = db.version
-        with pytest.raises(npmdb.Error, match="unknown vector codec"):
-            db.optimize(codec="lz4")
+        for bad in ("lz4", "pq٤", "pq04", "pq4\n"):  # only ASCII digits name sub-quantisers
+            with pytest.raises(npmdb.ProgrammingError, match="unknown vector codec"):
+                db.optimize(codec=bad)
         assert db.version == v and db.config["codec"] == "auto"
         db.optimize(codec="int8")
         with db.snapshot() as snap:

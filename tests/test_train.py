@@ -452,10 +452,30 @@ def test_cli_train(db_copy, capsys):
     ({"steps": 2, "max_seconds": -3.0}, "max_seconds must be a positive"),
     ({"steps": 2, "max_seconds": "60"}, "max_seconds must be a positive"),
     ({"steps": 2, "prefetch": "yes"}, "prefetch must be True or False"),
+    # checked before the first step, not when the last version is written
+    ({"steps": 20, "tag_prefix": "0"}, "invalid tag name '020'"),
+    ({"steps": 2, "tag_prefix": "x" * 400}, "at most 400 bytes"),
+    ({"steps": 10 ** 30, "max_seconds": 1}, "steps must be below 2"),
+    ({"steps": 2, "device": "tpu"}, "unknown device 'tpu'"),
 ])
 def test_bad_arguments(tiny_db, kwargs, match):
     with pytest.raises(ProgrammingError, match=match):
         npmdb.train(tiny_db, progress=False, **kwargs)
+
+
+def test_refused_before_any_step(tmp_path, tiny_encoder):
+    """Training inside a batch, and a corpus with nothing to mask, fail before the first
+    step and commit nothing."""
+    from npmdb.errors import DataError
+
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:
+        db.add([f"Word{i}: gloss{i}" for i in range(12)])  # no phrase recurs in a batch
+        with db.batch():
+            with pytest.raises(ProgrammingError, match="inside db.batch"):
+                npmdb.train(db, steps=2, batch_blocks=4, progress=False)
+        with pytest.raises(DataError, match="nothing to train on"):
+            npmdb.train(db, steps=2, batch_blocks=4, progress=False)
+        assert len(db.versions()) == 1
 
 
 def test_readonly_and_empty(tiny_db_path, tmp_path, new_db):

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import numpy as np
 
 from npmdb.errors import OperationalError, ProgrammingError
+from npmdb.storage import versions as V
 
 from .batches import GROUPINGS
 from .masking import SPAN_UNITS
@@ -200,6 +201,8 @@ def resolve_config(args: Mapping[str, Any], *, preset: str | None,
         threads = _check_int("threads", threads, 1)
     if not isinstance(args["tag_prefix"], str):
         raise ProgrammingError("tag_prefix must be a string")
+    if args["tag_prefix"]:  # the last tag is the longest; a bad one would end the run
+        V.check_tag_name(f"{args['tag_prefix']}{steps}")
     start_step = saved.step if saved is not None else 0
     if start_step >= steps:
         raise ProgrammingError(f"the saved run is already at step {start_step}: pass "
@@ -222,6 +225,8 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
         raise ProgrammingError(f"{name} must be an integer, got {value!r}")
     if value < minimum:
         raise ProgrammingError(f"{name} must be >= {minimum}, got {value}")
+    if value >= 2 ** 63:  # a run's settings are stored (msgpack) with every checkpoint
+        raise ProgrammingError(f"{name} must be below 2**63, got {value}")
     return int(value)
 
 

@@ -26,7 +26,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from npmdb.errors import NotSupportedError, OperationalError, ProgrammingError
+from npmdb.errors import DataError, NotSupportedError, OperationalError, ProgrammingError
 
 from .batches import BatchSampler, load_blocks
 from .reversals import with_pair_reversals
@@ -232,6 +232,9 @@ def _check_writable(db: "Database") -> None:
     if db.readonly:
         raise OperationalError("cannot train: the database was opened read-only "
                                "(open it with readonly=False)")
+    if db._writing().in_batch:  # its refreshes commit versions: they would wait on the batch
+        raise ProgrammingError("cannot train inside db.batch(): training commits versions of "
+                               "its own; train after the batch")
 
 
 def _sampler(db: "Database", cfg: TrainConfig, saved: Checkpoint | None
@@ -264,9 +267,16 @@ def _device(device: str | None, threads: int | None) -> "torch.device":
     import torch
 
     torch.set_num_threads(threads or max(1, os.cpu_count() or 1))
-    if device:
-        return torch.device(device)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if not device:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ProgrammingError(f"unknown device {device!r} ({exc}): use 'cpu' or 'cuda'") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise NotSupportedError(f"device {device!r}: this torch has no CUDA device; use 'cpu' "
+                                "(or leave device out)")
+    return dev
 
 
 class _Run:
@@ -304,6 +314,12 @@ class _Run:
                 refresher.check()
                 drawn = batches.next()
                 mb = drawn.batch
+                if mb.num_spans == 0 and not history.spans:  # before anything is committed
+                    raise DataError(
+                        f"nothing to train on: {drawn.skipped} batches of "
+                        f"{cfg.batch_blocks} blocks held no {cfg.objective} target (a "
+                        "masked span needs the same words in another block of the batch); "
+                        "add more documents, or documents that share phrases")
                 history.skipped += drawn.skipped
                 seed_step(cfg.seed, self.step)
                 stats = self.stepper.step(mb)
