@@ -367,7 +367,7 @@ def _flip_in_mdb(path, raw: bytes, at: int) -> None:
 
 def test_not_a_database_directory(tmp_path):
     (tmp_path / "file").write_text("x")
-    with pytest.raises(npmdb.OperationalError, match="not a directory"):
+    with pytest.raises(npmdb.OperationalError, match="is a file, not an npmdb database"):
         npmdb.open(tmp_path / "file")
     (tmp_path / "dir").mkdir()
     (tmp_path / "dir" / "notes.txt").write_text("x")
