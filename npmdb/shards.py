@@ -61,7 +61,7 @@ class ShardServer:
             if method == "term_stats":
                 out = work.term_stats(req["subtree"])
             elif method == "retrieve":
-                out = work.retrieve(req["subtree"], req["qv"], req["idf"])
+                out = work.retrieve(req["subtree"], req["qv"], req["stats"])
             elif method == "spans":
                 out = work.spans(req["subtree"], req["qv"], req["outputs"], req["group_by"])
             elif method == "locate":

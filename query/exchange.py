@@ -7,8 +7,9 @@ scorer (``ScoreSpans`` / ``ScoreTokens``) and above a bare ``BM25Blocks`` (SEARC
 exchange runs its subtree on the shards in three steps and merges exactly what one
 process would have computed:
 
-1. ``term_stats`` (BM25 only, several segments): each shard's block count and document
-   frequencies; the coordinator sums them into the global IDFs one process uses.
+1. ``term_stats`` (BM25 only, several segments): each shard's block count, field lengths
+   and document frequencies; the coordinator sums them into the statistics one process
+   uses (global IDFs and average lengths: the scores of one index over every block).
 2. ``retrieve``: each shard searches its segments (ANN, exact scan, BM25). Dense searches
    over compressed codes also return the shard's best ``refine * k`` approximate
    candidates with their exact re-scores: the global best ``refine * k`` all lie in the
@@ -37,7 +38,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from npmdb.storage.bm25 import bm25_idf, term_counts
+from npmdb.storage.bm25 import FieldStats, field_stats
 
 from . import scoring as S
 from .answers import (
@@ -178,12 +179,11 @@ class Exchange(Operator):
                 st.remote.append((op, StageStat(op.name, op.detail(), int(qv[j].count),
                                                 (time.perf_counter() - t) * 1000.0, 0)))
         t0 = time.perf_counter()
-        idf = None
+        stats = None
         bm25 = next((op for op in ops if isinstance(op, BM25Blocks)), None)
         if bm25 is not None and len(snap.segments) > 1:
-            idf = self._idf(bm25, ask("term_stats", {i: {"subtree": sub} for i in todo}),
-                            st.text)
-        found = ask("retrieve", {i: {"subtree": sub, "qv": qv, "idf": idf} for i in todo})
+            stats = self._stats(bm25, ask("term_stats", {i: {"subtree": sub} for i in todo}))
+        found = ask("retrieve", {i: {"subtree": sub, "qv": qv, "stats": stats} for i in todo})
         outputs = self._merge_retrieval(st, ops, qv, found)
         for j, out in outputs.items():
             counts[j] = int(out.count)
@@ -203,15 +203,16 @@ class Exchange(Operator):
     # merges ---------------------------------------------------------------------------
 
     @staticmethod
-    def _idf(op: BM25Blocks, stats: list[dict], text: str) -> dict:
-        """Global IDFs from the shards' block and term counts (summed, as
-        :func:`~npmdb.storage.bm25.global_idf` sums segments')."""
-        idf, n_terms = {}, len(op.terms(text))
+    def _stats(op: BM25Blocks, parts: list[dict]) -> dict[str, FieldStats]:
+        """Each field's statistics over every shard (summed, as
+        :func:`~npmdb.storage.bm25.field_stats` sums segments')."""
+        out = {}
         for f in op.fields:
-            total = sum(r["stats"][f][0] for r in stats)
-            dfs = [sum(r["stats"][f][1][t] for r in stats) for t in range(n_terms)]
-            idf[f] = [bm25_idf(df, total) for df in dfs]
-        return idf
+            total = parts[0]["stats"][f]
+            for r in parts[1:]:
+                total = total + r["stats"][f]
+            out[f] = total
+        return out
 
     def _merge_retrieval(self, st: ExecState, ops: list[Operator], qv: dict,
                          found: list[dict]) -> dict[int, Any]:
@@ -403,13 +404,13 @@ class ShardWork:
         return st
 
     def term_stats(self, sub: Operator) -> dict:
-        """Block count and document frequency of each query term, per field, over this
-        shard's segments (the coordinator sums them into global IDFs)."""
+        """Each field's :class:`~npmdb.storage.bm25.FieldStats` over this shard's
+        segments (the coordinator sums them)."""
         op = next(o for o in subtree(sub) if isinstance(o, BM25Blocks))
         bm25 = [seg.bm25() for seg in self.snap.segments]
-        return {"stats": {f: term_counts(bm25, op.terms(self.text), f) for f in op.fields}}
+        return {"stats": {f: field_stats(bm25, op.terms(self.text), f) for f in op.fields}}
 
-    def retrieve(self, sub: Operator, qv: dict, idf: dict | None) -> dict:
+    def retrieve(self, sub: Operator, qv: dict, stats: dict | None) -> dict:
         ops = subtree(sub)
         st = self._state(ops, qv)
         found: dict[int, dict] = {}
@@ -419,7 +420,7 @@ class ShardWork:
                 continue
             t0 = time.perf_counter()
             if isinstance(op, BM25Blocks):
-                found[j] = {"hits": self._g(op.search(st, op.terms(self.text), idf))}
+                found[j] = {"hits": self._g(op.search(st, op.terms(self.text), stats))}
             elif isinstance(op, ExactTopK):
                 q = st.input(op, QueryVectors).side(op.side)
                 found[j] = {"exact": self._g(op.search(st, q))}

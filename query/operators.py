@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, TypeVar
 
 import numpy as np
 
-from npmdb.storage.bm25 import analyze, global_idf
+from npmdb.storage.bm25 import analyze, field_stats, search_segments
 from npmdb.storage.dense import IVF
 from npmdb.storage.format import VALID_END, VALID_START, WORD_END, WORD_START
 
@@ -536,40 +536,36 @@ class BM25Blocks(Operator):
     def run(self, st: ExecState) -> BlockHits:
         snap = st.snapshot
         terms = self.terms(st.text)
-        # one segment: tantivy's own statistics; several: global IDFs, as one big index,
-        # but each segment's own average block length (tantivy's; README, "Scale")
-        idf = {f: global_idf([s.bm25() for s in snap.segments], terms, f)
-               for f in self.fields} if len(snap.segments) > 1 else None
-        return self.best(self.search(st, terms, idf))
+        # one segment: tantivy's own statistics; several: the version's, as one index
+        stats = {f: field_stats([s.bm25() for s in snap.segments], terms, f)
+                 for f in self.fields} if len(snap.segments) > 1 else None
+        return self.best(self.search(st, terms, stats))
 
     def best(self, hits: list[tuple[int, int, float]]) -> BlockHits:
         """The top ``n`` of every segment's hits: by score, then segment and block."""
         hits = sorted(hits, key=lambda h: (-h[2], h[0], h[1]))
         return BlockHits(tuple(hits[: self.n]))
 
-    def search(self, st: ExecState, terms: list[str], idf: dict | None
+    def search(self, st: ExecState, terms: list[str], stats: dict | None
                ) -> list[tuple[int, int, float]]:
-        """Each segment's top ``n`` blocks, ``(segment, block, score)``; ``idf``: the IDF
-        of each term per field over every segment of the version (None: the segment's own)."""
+        """The top ``n`` blocks of the snapshot's segments (at least: :meth:`best` merges
+        a sharded query's), ``(segment, block, score)``, and the score on the text alone
+        with ``text_scores`` (the block prior's); ``stats``: each field's
+        :class:`~npmdb.storage.bm25.FieldStats` over every segment of the version (None:
+        one segment, scored with its own)."""
         snap = st.snapshot
-        allowed = [snap.allowed_docs(si) for si in range(len(snap.segments))]
-        limits = [min(self.n, seg.record.blocks)  # tantivy panics on
-                  for seg in snap.segments]                            # huge limits
-
-        def one(si: int) -> list:
-            docs = None if allowed[si] is None else np.flatnonzero(allowed[si])
-            if docs is not None and len(docs) == 0:
-                return []
-            bm25 = snap.segments[si].bm25()
-            hits = [(si, block, score) for block, _doc, score in
-                    bm25.search(terms, limits[si], docs=docs, idf=idf, fields=self.fields)]
-            if self.text_scores:  # the block prior's: each block's score on its text alone
-                text = bm25.block_scores(terms, [h[1] for h in hits], fields=("text",),
-                                         idf=idf and {"text": idf["text"]})
-                hits = [(*h, text.get(h[1], 0.0)) for h in hits]
-            return hits
-
-        return [h for part in per_segment(one, len(snap.segments)) for h in part]
+        docs = [None if a is None else np.flatnonzero(a)
+                for a in (snap.allowed_docs(si) for si in range(len(snap.segments)))]
+        if stats is not None:  # several segments: one search over them all
+            hits = search_segments([s.bm25() for s in snap.segments], terms, self.n,
+                                   docs=docs, stats=stats, fields=self.fields)
+            return [(si, block, *scores[: 2 if self.text_scores else 1])
+                    for si, block, _doc, *scores in hits]
+        return [(si, block, *scores) for si, seg in enumerate(snap.segments)
+                if docs[si] is None or len(docs[si])
+                for block, _doc, *scores in seg.bm25().search(
+                    terms, self.n, docs=docs[si], fields=self.fields,
+                    text_scores=self.text_scores)]
 
 
 @dataclass(frozen=True)

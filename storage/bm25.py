@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import tantivy
 
@@ -13,11 +15,16 @@ from npmdb.errors import OperationalError
 
 from .paths import fsync_path
 
-__all__ = ["BlockDoc", "build_bm25", "BM25Index", "analyze", "bm25_idf", "global_idf",
-           "term_counts", "FIELDS"]
+__all__ = ["BlockDoc", "build_bm25", "BM25Index", "FieldStats", "analyze", "bm25_idf",
+           "field_stats", "search_segments", "FIELDS"]
 
 #: The text fields of a block's tantivy document (both indexed since the first format).
 FIELDS = ("text", "title")
+#: tantivy numbers a schema's fields in the order :func:`_schema` adds them; an explanation
+#: names a term's field by that number.
+_FIELD_NUMBERS = {2: "title", 3: "text"}
+#: tantivy's BM25 parameters.
+K1, B = 1.2, 0.75
 
 _ANALYZER = (tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.simple())
              .filter(tantivy.Filter.remove_long(40)).filter(tantivy.Filter.lowercase()).build())
@@ -67,8 +74,39 @@ def build_bm25(path: Path, docs: Iterable[BlockDoc]) -> int:
     return n
 
 
+@dataclass(frozen=True, slots=True)
+class FieldStats:
+    """BM25 statistics of one field for one query over a set of blocks: what one tantivy
+    index over exactly those blocks would score with. Counts of disjoint parts add up (a
+    version sums its segments', a sharded query its shards')."""
+
+    blocks: int             # blocks (tantivy documents)
+    tokens: int             # the field's length summed over the blocks (an integer, so
+                            # that sums do not depend on their order)
+    dfs: tuple[int, ...]    # blocks holding each query term in the field
+
+    def __add__(self, other: "FieldStats") -> "FieldStats":
+        return FieldStats(self.blocks + other.blocks, self.tokens + other.tokens,
+                          tuple(a + b for a, b in zip(self.dfs, other.dfs, strict=True)))
+
+    @property
+    def avgdl(self) -> float:
+        return self.tokens / self.blocks if self.blocks else 0.0
+
+    def idf(self) -> list[float]:
+        return [bm25_idf(df, self.blocks) for df in self.dfs]
+
+
 class BM25Index:
-    """A read-only handle on one segment's BM25 index."""
+    """A read-only handle on one segment's BM25 index.
+
+    Alone, a segment is scored with tantivy's own statistics. Given ``stats`` (the
+    :class:`FieldStats` of every segment of a version, summed), :meth:`search` returns
+    what one index over all those blocks would: the same top blocks with the same scores
+    (to float rounding). tantivy scores with the segment's own IDFs and average block
+    length; boosting each term by ``global idf / local idf`` fixes the IDFs, and each
+    candidate is then rescored from its explanation (term frequencies and block length)
+    with the global average length."""
 
     def __init__(self, path: Path) -> None:
         try:
@@ -77,20 +115,37 @@ class BM25Index:
             raise OperationalError(f"cannot open the BM25 index {path}: {exc}") from exc
         self.schema = self.index.schema
         self.searcher = self.index.searcher()
+        self._avgdl: dict[str, float] = {}
 
-    def term_stats(self, terms: Sequence[str], field: str = "text") -> tuple[int, list[int]]:
-        """(number of blocks, document frequency of each term in ``field``) in this segment."""
-        return self.searcher.num_docs, [self.searcher.doc_freq(field, t) for t in terms]
+    def avgdl(self, field: str, terms: Sequence[str] = ()) -> float:
+        """The segment's average length of ``field`` (tantivy's; 0.0 where it is empty),
+        read from the explanation of a block holding one of ``terms``, or else the most
+        frequent term (a walk over the field's whole term dictionary)."""
+        if field not in self._avgdl:
+            found = 0.0
+            term = next((t for t in terms if self.searcher.doc_freq(field, t)), None)
+            if term is None:
+                top = self.searcher.terms_with_prefix(field, "", limit=1)
+                term = top[0][0] if top else None
+            if term is not None:
+                q = tantivy.Query.term_query(self.schema, field, term)
+                hits = self.searcher.search(q, limit=1, count=False).hits
+                found = next(t[4] for t in _terms(_explain(q, self.searcher, hits[0][1])))
+            self._avgdl[field] = found
+        return self._avgdl[field]
+
+    def field_stats(self, terms: Sequence[str], field: str = "text") -> FieldStats:
+        """This segment's :class:`FieldStats` of ``field`` for ``terms``."""
+        n = self.searcher.num_docs
+        return FieldStats(n, round(self.avgdl(field, terms) * n),
+                          tuple(self.searcher.doc_freq(field, t) for t in terms))
 
     def query(self, terms: Sequence[str], *, docs: Sequence[int] | None = None,
-              idf: Mapping[str, Sequence[float]] | Sequence[float] | None = None,
+              idf: Mapping[str, Sequence[float]] | None = None,
               fields: Sequence[str] = ("text",)) -> tantivy.Query:
         """OR of the terms over ``fields`` (``text``; ``title`` too: every block carries its
-        document's title, as NPM's BM25 blocks did). With ``idf`` (global IDFs per field, one
-        per term; a plain sequence is the ``text`` field's) each term is boosted by
-        ``idf / local idf`` so scores use the statistics of the whole version."""
-        if idf is not None and not isinstance(idf, Mapping):
-            idf = {"text": idf}
+        document's title, as NPM's BM25 blocks did). With ``idf`` (IDFs per field, one per
+        term) each term is boosted by ``idf / local idf``."""
         for f in fields:
             if f not in FIELDS:
                 raise ValueError(f"no BM25 field {f!r} (fields: {', '.join(FIELDS)})")
@@ -115,32 +170,42 @@ class BM25Index:
         return q
 
     def search(self, terms: Sequence[str], n: int, *, docs: Sequence[int] | None = None,
-               idf: Mapping[str, Sequence[float]] | Sequence[float] | None = None,
-               fields: Sequence[str] = ("text",)) -> list[tuple[int, int, float]]:
-        """Top ``n`` blocks as ``(block, doc, score)``, best first."""
-        if not terms or n <= 0:
+               stats: Mapping[str, FieldStats] | None = None,
+               fields: Sequence[str] = ("text",), text_scores: bool = False
+               ) -> list[tuple]:
+        """Top ``n`` blocks as ``(block, doc, score)``, best first; with ``text_scores``,
+        ``(block, doc, score, score on the text alone)``. ``stats``: the statistics of
+        each of ``fields`` over every segment of the version (None: this segment's own)."""
+        if not terms or n <= 0 or self.num_docs == 0:
             return []
-        res = self.searcher.search(self.query(terms, docs=docs, idf=idf, fields=fields),
-                                   limit=n, count=False)
-        if not res.hits:
+        if stats is not None:
+            top = _Rescoring(self, terms, docs, stats, fields).top(n)
+            return [h if text_scores else h[:3] for h in top]
+        res = self.searcher.search(self.query(terms, docs=docs, fields=fields),
+                                   limit=min(n, self.num_docs), count=False)
+        hits = self._rows([a for _, a in res.hits], [s for s, _ in res.hits])
+        if text_scores:
+            text = self.block_scores(terms, [h[0] for h in hits])
+            hits = [(*h, text.get(h[0], 0.0)) for h in hits]
+        return hits
+
+    def _rows(self, addrs: list, scores: list[float]) -> list[tuple[int, int, float]]:
+        if not addrs:
             return []
-        addrs = [a for _, a in res.hits]
         blocks = self.searcher.fast_field_values("block", addrs)
         dids = self.searcher.fast_field_values("doc", addrs)
-        return [(int(b), int(d), float(s)) for (s, _), b, d in zip(res.hits, blocks, dids)]
+        return [(int(b), int(d), float(s)) for s, b, d in zip(scores, blocks, dids)]
 
     def block_scores(self, terms: Sequence[str], blocks: Sequence[int], *,
-                     idf: Mapping[str, Sequence[float]] | Sequence[float] | None = None,
                      fields: Sequence[str] = ("text",)) -> dict[int, float]:
-        """The BM25 score over ``fields`` of each of ``blocks`` for ``terms`` (statistics
-        as :meth:`query`'s); a block that matches no term is absent."""
+        """The BM25 score over ``fields`` of each of ``blocks`` for ``terms``, with this
+        segment's statistics; a block that matches no term is absent."""
         blocks = [int(b) for b in blocks]
         if not terms or not blocks:
             return {}
         only = tantivy.Query.const_score_query(
             tantivy.Query.term_set_query(self.schema, "block", blocks), 0.0)
-        q = tantivy.Query.boolean_query([(tantivy.Occur.Must, self.query(terms, idf=idf,
-                                                                         fields=fields)),
+        q = tantivy.Query.boolean_query([(tantivy.Occur.Must, self.query(terms, fields=fields)),
                                          (tantivy.Occur.Must, only)])
         res = self.searcher.search(q, limit=len(blocks), count=False)
         if not res.hits:
@@ -153,26 +218,135 @@ class BM25Index:
         return self.searcher.num_docs
 
 
+#: Relative slack on the bounds of the rescoring search: tantivy's scores are float32.
+_SLACK = 1e-5
+
+
+class _Rescoring:
+    """One segment's search with the version's statistics (:class:`BM25Index`). The
+    boosted query ranks by the global IDFs but with this segment's average lengths; a
+    block's rescored figure is at most ``ratio`` times its boosted score (a term's length
+    norm grows with the average length, by at most the ratio of the two averages)."""
+
+    def __init__(self, ix: BM25Index, terms: Sequence[str], docs: Sequence[int] | None,
+                 stats: Mapping[str, FieldStats], fields: Sequence[str]) -> None:
+        idf = {f: stats[f].idf() for f in fields}
+        self.ix = ix
+        self.scored = ix.query(terms, idf=idf, fields=fields)   # the unfiltered query
+        self.wanted = (self.scored if docs is None
+                       else ix.query(terms, docs=docs, idf=idf, fields=fields))
+        self.avg = {f: stats[f].avgdl for f in fields}
+        own = {f: ix.avgdl(f, terms) for f in fields}
+        self.ratio = max([self.avg[f] / own[f] for f in fields if own[f] > 0] + [1.0])
+        self.rescored: dict[tuple[int, int], tuple[float, float, Any]] = {}
+
+    def bound(self) -> float | None:
+        """At least the rescored score of every block (None: no block matches)."""
+        if self.ix.num_docs == 0:
+            return None
+        hits = self.ix.searcher.search(self.wanted, limit=1, count=False).hits
+        return self.ratio * hits[0][0] if hits else None
+
+    def top(self, n: int, floor: float = -math.inf) -> list[tuple[int, int, float, float]]:
+        """The top ``n`` blocks, rescored, as ``(block, doc, score, text score)``; the
+        search widens until no block below the last one fetched can reach the ``n``-th
+        rescored score (or ``floor``: a score other segments already reached)."""
+        ix, limit = self.ix, n
+        while ix.num_docs:
+            limit = min(limit, ix.num_docs)
+            hits = ix.searcher.search(self.wanted, limit=limit, count=False).hits
+            for _, a in hits:
+                key = (a.segment_ord, a.doc)
+                if key not in self.rescored:
+                    self.rescored[key] = (*_rescore(_explain(self.scored, ix.searcher, a),
+                                                    self.avg), a)
+            if len(hits) < limit or limit == ix.num_docs:
+                break  # every matching block is in
+            best = sorted((r[0] for r in self.rescored.values()), reverse=True)
+            reach = max(best[n - 1] if len(best) >= n else -math.inf, floor)
+            if self.ratio * hits[-1][0] * (1 + _SLACK) < reach:
+                break
+            limit *= 2
+        found = list(self.rescored.values())
+        rows = ix._rows([r[2] for r in found], [r[0] for r in found])
+        top = sorted(zip(rows, found), key=lambda x: (-x[0][2], x[0][0]))[:n]
+        return [(*h, r[1]) for h, r in top]
+
+
+def search_segments(indexes: Sequence[BM25Index], terms: Sequence[str], n: int, *,
+                    docs: Sequence[Sequence[int] | None], stats: Mapping[str, FieldStats],
+                    fields: Sequence[str] = ("text",)) -> list[tuple[int, int, int, float, float]]:
+    """The top ``n`` blocks of several segments scored as one index (``stats``: each
+    field's statistics over every segment of the version; ``docs``: each segment's
+    allowed documents, None for all) as ``(segment, block, doc, score, text score)``,
+    best first. Segments are searched in the order of their bounds, and the search
+    stops at the first whose bound cannot reach the ``n``-th score found."""
+    if not terms or n <= 0:
+        return []
+    runs = [(i, _Rescoring(ix, terms, d, stats, fields))
+            for i, (ix, d) in enumerate(zip(indexes, docs, strict=True))
+            if d is None or len(d)]
+    bounds = sorted(((b, i, r) for i, r in runs if (b := r.bound()) is not None),
+                    key=lambda x: (-x[0], x[1]))
+    best: list[tuple[int, int, int, float, float]] = []
+    for bound, i, run in bounds:
+        reach = best[n - 1][3] if len(best) >= n else -math.inf
+        if bound * (1 + _SLACK) < reach:
+            break
+        best = sorted(best + [(i, *h) for h in run.top(n, reach)],
+                      key=lambda h: (-h[3], h[0], h[1]))[:n]
+    return best
+
+
+_FIELD = re.compile(r"Term\(field=(\d+),")
+
+
+def _explain(query: tantivy.Query, searcher: tantivy.Searcher, addr: Any) -> dict:
+    return json.loads(query.explain(searcher, addr).to_json())
+
+
+def _terms(node: dict) -> Iterator[tuple[float, str, float, float, float]]:
+    """``(score, field, freq, dl, avgdl)`` of each matching term of a tantivy explanation
+    of an OR of (boosted) term queries: the term's share of the score (its boost
+    included), its frequency, the block's length of the field (tantivy's quantised norm)
+    and the average length tantivy scored with."""
+    clauses = node["details"] if node["description"].startswith("BooleanClause") else [node]
+    for clause in clauses:
+        term = clause["details"][0] if clause["description"].startswith("Boost") else clause
+        norm = term["details"][2]
+        if not (term["description"].startswith("TermQuery")
+                and norm["description"].startswith("freq /")):
+            raise OperationalError(f"unexpected BM25 explanation from tantivy: {clause}")
+        freq, _k1, _b, dl, avgdl = (float(d["value"]) for d in norm["details"])
+        field = _FIELD_NUMBERS[int(_FIELD.search(term["context"][0]).group(1))]
+        yield float(clause["value"]), field, freq, dl, avgdl
+
+
+def _norm(freq: float, dl: float, avgdl: float) -> float:
+    return freq / (freq + K1 * (1.0 - B + B * dl / avgdl))
+
+
+def _rescore(expl: dict, avgdl: Mapping[str, float]) -> tuple[float, float]:
+    """(score, score on the text field alone) of an explained block with the average
+    lengths ``avgdl``: each term's score scaled by its length norm's change."""
+    total = text = 0.0
+    for value, field, freq, dl, old in _terms(expl):
+        v = value * _norm(freq, dl, avgdl[field]) / _norm(freq, dl, old)
+        total += v
+        if field == "text":
+            text += v
+    return total, text
+
+
 def bm25_idf(df: int, n_docs: int) -> float:
     """tantivy's (and Lucene's) BM25 IDF."""
     return math.log(1.0 + (n_docs - df + 0.5) / (df + 0.5))
 
 
-def term_counts(indexes: Sequence["BM25Index"], terms: Sequence[str], field: str = "text"
-                ) -> tuple[int, list[int]]:
-    """Blocks, and blocks holding each term in ``field``, over all ``indexes`` together
-    (counts of disjoint parts add up: a sharded query sums its shards')."""
-    total, dfs = 0, [0] * len(terms)
+def field_stats(indexes: Sequence[BM25Index], terms: Sequence[str], field: str = "text"
+                ) -> FieldStats:
+    """The :class:`FieldStats` of ``field`` over all ``indexes`` together."""
+    total = FieldStats(0, 0, (0,) * len(terms))
     for ix in indexes:
-        n, d = ix.term_stats(terms, field)
-        total += n
-        dfs = [a + b for a, b in zip(dfs, d)]
-    return total, dfs
-
-
-def global_idf(indexes: Sequence["BM25Index"], terms: Sequence[str], field: str = "text"
-               ) -> list[float]:
-    """IDF of each term in ``field`` over all ``indexes`` together, as one index over all
-    blocks."""
-    total, dfs = term_counts(indexes, terms, field)
-    return [bm25_idf(df, total) for df in dfs]
+        total = total + ix.field_stats(terms, field)
+    return total

@@ -197,3 +197,18 @@ def test_memory_cap_limits_the_child_and_the_scale_step_reports_capped_runs(
     assert row["capped"]["peak_mb"] is None or row["capped"]["peak_mb"] <= out["cap_mb"] + 1
     out["name"] = "tiny"
     assert "Under a memory limit" in render(out)
+
+
+def test_bm25_segments_bench_step(tiny_data, tiny_encoder, tmp_path, sample_corpus):
+    """bench.bm25_segments: the corpus in 1, 4 and 16 adds answers as one segment."""
+    import npmdb
+    from bench.bm25_segments import render, run
+
+    main_db = tmp_path / "main"
+    with npmdb.open(main_db, encoder=tiny_encoder, progress=False) as db:
+        db.add(sample_corpus[:300])
+    out = run(main_db, tiny_data, tmp_path, limit=8, log=lambda m: None)
+    assert [r["segments"] for r in out["layouts"].values()] == [1, 4, 16]
+    # the same scores (documents tied at the cut may differ: block order breaks ties)
+    assert all(r["agree"] == 8 for r in out["layouts"].values())
+    assert "| 16 | 16 | " in render(out) and " | 8 / 8 | " in render(out)

@@ -458,3 +458,83 @@ def test_bm25_scores_are_comparable_across_segments(new_db, sample_corpus):
     res = new_db.fill_mask("Hagios Demetrios is located in [MASK].", retrieval="bm25",
                            blocks=2, top=50, evidence=50)
     assert {e.doc_id for a in res for e in a.evidence} == {"p1", "p2"}
+
+
+def _agree(several: list[dict], one: list[dict]) -> bool:
+    """The same hits, to float rounding: the same scores in order, and the same documents
+    above the last score (documents tied at the cut may differ: block order breaks ties)."""
+    if len(several) != len(one) or any(a["score"] != pytest.approx(b["score"], rel=1e-4)
+                                       for a, b in zip(several, one)):
+        return False
+    cut = several[-1]["score"] + 1e-3 if several else 0.0
+    return ({h["doc_id"] for h in several if h["score"] > cut}
+            == {h["doc_id"] for h in one if h["score"] > cut})
+
+
+def test_bm25_over_several_segments_scores_as_one_index(tmp_path, tiny_encoder,
+                                                        sample_corpus):
+    """Segments of very different block lengths (glosses; two-word dictionary pairs; three
+    sentences) score as one tantivy index over the same blocks: the version's IDFs and
+    average lengths, not each segment's (README, "Scale")."""
+    import shutil
+
+    wn = [d for d in sample_corpus if d["id"].startswith("wn:")][:60]
+    pairs = [d for d in sample_corpus if d["id"].startswith("freedict-eng-rus")][:40]
+    short = [{"id": "s1", "text": "Rome is the capital of Italy."},
+             {"id": "s2", "text": "Paris is the capital of France."},
+             {"id": "s3", "text": "Athens lies in Greece."}]
+    with npmdb.open(tmp_path / "several", encoder=tiny_encoder, progress=False) as db:
+        for part in (wn[:40], pairs, short, wn[40:]):
+            db.add(part)
+        assert db.stats()["segments"] == 4
+    shutil.copytree(tmp_path / "several", tmp_path / "one")
+    with npmdb.open(tmp_path / "one", progress=False) as db:
+        db.optimize()
+        assert db.stats()["segments"] == 1
+    queries = ["Rome is the capital of", "capital city of Italy", "Greece", "a city in",
+               "the capital of France"] + [d["title"] for d in wn[::7] if d.get("title")]
+    with npmdb.open(tmp_path / "several", progress=False) as several, \
+            npmdb.open(tmp_path / "one", progress=False) as one:
+        for q in queries:
+            for title in (False, True):
+                a = several.search(q, limit=5, title=title)
+                b = one.search(q, limit=5, title=title)
+                assert a and _agree(a, b), (q, title, a, b)
+        # the span scores, the block prior's text scores included, are the same too
+        q = "Rome is the capital of [MASK]."
+        a = several.fill_mask(q, retrieval="bm25", top=5)
+        b = one.fill_mask(q, retrieval="bm25", top=5)
+        assert [(x.text, round(x.score, 5)) for x in a] == [(x.text, round(x.score, 5))
+                                                            for x in b]
+        # a deleted document is filtered out; the others keep their scores
+        before = several.search("capital", limit=10)
+        several.delete(before[0]["doc_id"])
+        after = several.search("capital", limit=5)
+        assert after == [h for h in before if h["doc_id"] != before[0]["doc_id"]][:5]
+
+
+def test_rescoring_a_segment_with_its_own_statistics_gives_tantivys_scores(small_db,
+                                                                          sample_corpus):
+    """The rescoring path reads each block's term frequencies and field lengths from
+    tantivy's explanation; with the segment's own statistics it gives tantivy's scores."""
+    from npmdb.storage.bm25 import analyze, field_stats
+
+    with small_db.snapshot() as snap:
+        ix = snap.segments[0].bm25()
+        # the average length, from a query term's block or from the most frequent term's
+        for field in ("text", "title"):
+            ix._avgdl.clear()
+            walked = ix.avgdl(field)
+            ix._avgdl.clear()
+            assert ix.avgdl(field, ["zzzz", analyze(sample_corpus[3]["title"])[0]]) \
+                == walked > 0.0
+        for q in ["the capital city of a country"] + [d["title"] for d in sample_corpus[:80:9]]:
+            terms = list(dict.fromkeys(analyze(q)))
+            for fields in (("text",), ("text", "title")):
+                stats = {f: field_stats([ix], terms, f) for f in fields}
+                own = ix.search(terms, 20, fields=fields, text_scores=True)
+                got = ix.search(terms, 20, fields=fields, stats=stats, text_scores=True)
+                assert own, q
+                assert [h[:2] for h in got] == [h[:2] for h in own]
+                assert [x for h in got for x in h[2:]] == pytest.approx(
+                    [x for h in own for x in h[2:]], rel=1e-5)
