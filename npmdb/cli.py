@@ -175,9 +175,16 @@ def cmd_versions(args) -> int:
 def cmd_tag(args) -> int:
     import npmdb
 
+    if args.delete and (args.version is not None or args.move):
+        raise npmdb.ProgrammingError("--delete takes only the tag name (no --version, "
+                                     "no --move)")
     with npmdb.open(args.db, create=False, progress=False) as db:
-        vid = db.tag(args.name, args.version, move=args.move)
-        print(f"tagged version {vid} as {args.name!r}")
+        if args.delete:
+            vid = db.untag(args.name)
+            print(f"removed tag {args.name!r} (it named version {vid})")
+        else:
+            vid = db.tag(args.name, args.version, move=args.move)
+            print(f"tagged version {vid} as {args.name!r}")
     return 0
 
 
@@ -426,12 +433,15 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("db")
     v.set_defaults(fn=cmd_versions)
 
-    t = sub.add_parser("tag", help="name a version")
+    t = sub.add_parser("tag", help="name a version (or remove a name: --delete)")
     t.add_argument("db")
     t.add_argument("name")
     t.add_argument("--version", default=None)
     t.add_argument("--move", action="store_true",
                    help="point an existing tag at this version (by default it is refused)")
+    t.add_argument("--delete", action="store_true",
+                   help="remove the tag (its version stays until a vacuum finds nothing "
+                        "else keeping it)")
     t.set_defaults(fn=cmd_tag)
 
     rs = sub.add_parser("restore", help="commit a new version equal to an older one")

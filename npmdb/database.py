@@ -552,6 +552,13 @@ class Database:
                 return m.id
             return writer.maintain(txn_fn)
 
+    def untag(self, name: str) -> int:
+        """Remove the tag ``name``; returns the version it named. The version itself stays
+        until a :meth:`vacuum` finds nothing else keeping it (HEAD, another tag)."""
+        writer = self._writing()
+        with writer.hold():
+            return writer.maintain(lambda txn: V.delete_tag(txn, self.env.dbs, name))
+
     def checkout(self, ref: int | str) -> "VersionView":
         """A read-only view of version ``ref`` (an id or a tag)."""
         with self.snapshot(ref) as snap:

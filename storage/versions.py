@@ -132,6 +132,24 @@ def set_tag(txn, dbs, name: str, vid: int) -> None:
     txn.put(name.encode(), F.pack(int(vid)), db=dbs["tags"])
 
 
+def delete_tag(txn, dbs, name: str) -> int:
+    """Remove the tag ``name``; returns the version it named."""
+    if not isinstance(name, str):
+        raise ProgrammingError(f"a tag name is a str, not {type(name).__name__}")
+    tags = tags_of(txn, dbs)
+    if name not in tags:
+        raise ProgrammingError(f"no tag named {name!r}{_tag_hint(name, tags)}")
+    txn.delete(name.encode(), db=dbs["tags"])
+    return tags[name]
+
+
+def _tag_hint(name: str, tags: dict[str, int]) -> str:
+    import difflib
+    close = difflib.get_close_matches(name, list(tags), n=1)
+    return f"; did you mean {close[0]!r}?" if close else (
+        f"; known tags: {', '.join(sorted(tags))}" if tags else "; no tags exist yet")
+
+
 def resolve(txn, dbs, ref: int | str | None) -> Manifest:
     """A version id, a tag, ``"HEAD"`` or None (HEAD) to its manifest."""
     if ref is None or (isinstance(ref, str) and ref.upper() == "HEAD"):
@@ -149,11 +167,7 @@ def resolve(txn, dbs, ref: int | str | None) -> Manifest:
             return get_version(txn, dbs, tags[ref])
         if isinstance(parse_ref(ref), int):
             return get_version(txn, dbs, int(ref))
-        import difflib
-        close = difflib.get_close_matches(ref, list(tags), n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else (
-            f"; known tags: {', '.join(sorted(tags))}" if tags else "; no tags exist yet")
-        raise ProgrammingError(f"no version or tag named {ref!r}{hint}")
+        raise ProgrammingError(f"no version or tag named {ref!r}{_tag_hint(ref, tags)}")
     raise ProgrammingError(f"a version reference must be an id, a tag or 'HEAD', not "
                            f"{type(ref).__name__}")
 

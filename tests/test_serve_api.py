@@ -240,7 +240,8 @@ def test_time_limit(versioned_db_path):
 def test_read_only_refuses_writes(client):
     for r in (client.post("/api/documents", json={"documents": ["x"]}),
               client.delete("/api/documents/freedict-eng-jpn:8705"),
-              client.post("/api/tags", json={"name": "t"})):
+              client.post("/api/tags", json={"name": "t"}),
+              client.delete("/api/tags/t")):
         assert error_of(r, 403)["type"] == "ReadOnly"
 
 
@@ -295,6 +296,15 @@ def test_write_endpoints(writer):
     error_of(c.post("/api/documents", headers=auth, json={"documents": "nope"}), 400)
     error_of(c.post("/api/tags", headers=auth, json={"name": ""}), 400)
     assert error_of(c.post("/api/documents", json={"documents": ["x"]}), 401)
+    # removing a tag (a name with a slash too); the version stays
+    r = c.post("/api/tags", headers=auth, json={"name": "a/b", "version": 2})
+    assert r.json() == {"tag": "a/b", "version": 2}
+    assert c.delete("/api/tags/a/b", headers=auth).json() == {"tag": "a/b", "version": 2}
+    assert "no tag named 'a/b'" in error_of(c.delete("/api/tags/a/b", headers=auth),
+                                            404)["message"]
+    assert error_of(c.delete("/api/tags/moved"), 401)
+    assert 2 in [v["id"] for v in c.get("/api/versions", headers=auth).json()["versions"]]
+    assert "/api/tags/{name}" in c.get("/openapi.json", headers=auth).json()["paths"]
 
 
 def test_commit_by_another_process_is_seen_at_the_next_request(writer, tiny_encoder):

@@ -411,6 +411,37 @@ def test_an_existing_tag_moves_only_when_asked(tmp_path, tiny_encoder, capsys):
         assert db.checkout("release").count() == 2
 
 
+def test_a_tag_is_removed_and_its_version_goes_at_the_next_vacuum(tmp_path, tiny_encoder,
+                                                                  capsys):
+    """``db.untag`` (``npmdb tag --delete``) removes a name; the version it kept stays
+    until a vacuum finds nothing else keeping it."""
+    from npmdb.cli import main
+
+    path = tmp_path / "db"
+    with npmdb.open(path, encoder=tiny_encoder, progress=False) as db:
+        db.add([{"id": "a", "text": "Oslo is the capital of Norway."}])
+        db.tag("first")
+        db.tag("also-first")
+        db.add([{"id": "b", "text": "Bergen is a city in Norway."}])
+        assert db.untag("first") == 1
+        with pytest.raises(npmdb.ProgrammingError, match="no tag named 'first'; did you mean "
+                                                         "'also-first'"):
+            db.untag("first")
+        with pytest.raises(npmdb.ProgrammingError, match="a tag name is a str"):
+            db.untag(1)
+        db.vacuum()
+        assert [v["id"] for v in db.versions()] == [1, 2]  # "also-first" still keeps it
+    assert main(["tag", str(path), "also-first", "--delete", "--version", "2"]) == 2
+    assert "--delete takes only the tag name" in capsys.readouterr().err
+    assert main(["tag", str(path), "also-first", "--delete"]) == 0
+    assert "removed tag 'also-first' (it named version 1)" in capsys.readouterr().out
+    assert main(["tag", str(path), "also-first", "--delete"]) == 2
+    assert "no tag named 'also-first'; no tags exist yet" in capsys.readouterr().err
+    with npmdb.open(path, progress=False) as db:
+        db.vacuum()
+        assert [v["id"] for v in db.versions()] == [2]
+
+
 def test_version_references_typed_as_text(tmp_path, tiny_encoder):
     """A digit string is a version id only in ASCII and within u64; anything else is an
     unknown tag or version, a ProgrammingError, never an overflow or a ValueError."""

@@ -264,7 +264,8 @@ def routes(server: Server) -> list[Route]:
                            "(and a token) to add, delete or tag")
         out += [Route("/api/documents", read_only, methods=["POST"]),
                 Route("/api/documents/{doc_id:path}", read_only, methods=["DELETE"]),
-                Route("/api/tags", read_only, methods=["POST"])]
+                Route("/api/tags", read_only, methods=["POST"]),
+                Route("/api/tags/{name:path}", read_only, methods=["DELETE"])]
     out += [Route("/api/documents", documents, methods=["GET"]),
             Route("/api/documents/{doc_id:path}", document, methods=["GET"])]
     return out
@@ -328,6 +329,16 @@ def write_routes(server: Server) -> list[Route]:
             return {"tag": name, "version": db.tag(name, server.pin(ref), move=move)}
         return JSONResponse(await server.write(run))
 
+    async def untag(request: Request) -> JSONResponse:
+        name = request.path_params["name"]
+
+        def run():
+            if not any(name in v["tags"] for v in db.versions()):
+                raise ApiError(404, "NotFound", f"no tag named {name!r}")
+            return {"tag": name, "version": db.untag(name)}
+        return JSONResponse(await server.write(run))
+
     return [Route("/api/documents", add, methods=["POST"]),
             Route("/api/documents/{doc_id:path}", delete, methods=["DELETE"]),
-            Route("/api/tags", tag, methods=["POST"])]
+            Route("/api/tags", tag, methods=["POST"]),
+            Route("/api/tags/{name:path}", untag, methods=["DELETE"])]

@@ -183,6 +183,12 @@ def schema(settings: Settings) -> dict[str, Any]:
         paths["/api/tags"] = {"post": {"summary": "Name a version",
                                        "requestBody": _json_body("TagRequest"),
                                        "responses": {"200": _ok("VersionId"), **ERRORS}}}
+        paths["/api/tags/{name}"] = {"delete": {
+            "summary": "Remove a tag (its version stays until a vacuum finds nothing else "
+                       "keeping it)",
+            "parameters": [{"name": "name", "in": "path", "required": True,
+                            "schema": {"type": "string"}}],
+            "responses": {"200": _ok("VersionId"), **ERRORS}}}
     doc: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": "npmdb", "version": "0.1.0",
