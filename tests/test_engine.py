@@ -513,6 +513,78 @@ def test_bm25_over_several_segments_scores_as_one_index(tmp_path, tiny_encoder,
         assert after == [h for h in before if h["doc_id"] != before[0]["doc_id"]][:5]
 
 
+def _bm25_oracle(blocks: list[dict], live: set[str], query: str, fields: tuple[str, ...],
+                 n: int) -> list[tuple[str, float]]:
+    """BM25 by hand (tantivy's formula, k1 1.2, b 0.75) over every block ever written
+    (a deleted or replaced document's block counts until optimize, as in tantivy), the
+    top ``n`` live ones as (doc id, score). Blocks here are short: tantivy's field
+    lengths are exact up to 40 terms."""
+    import math
+
+    from npmdb.storage.bm25 import analyze
+
+    terms = list(dict.fromkeys(analyze(query)))
+    toks = {f: [analyze(b[f]) for b in blocks] for f in fields}
+    scores = [0.0] * len(blocks)
+    for f in fields:
+        avgdl = sum(map(len, toks[f])) / len(blocks)
+        for t in terms:
+            df = sum(t in tk for tk in toks[f])
+            if not df:
+                continue
+            idf = math.log(1 + (len(blocks) - df + 0.5) / (df + 0.5))
+            for i, tk in enumerate(toks[f]):
+                tf = tk.count(t)
+                if tf:
+                    scores[i] += idf * 2.2 * tf / (tf + 1.2 * (0.25 + 0.75 * len(tk) / avgdl))
+    got = [(b["id"], sc) for b, sc in zip(blocks, scores) if sc > 0 and b["live"] in live]
+    return sorted(got, key=lambda x: -x[1])[:n]
+
+
+def test_bm25_over_segments_deletes_and_updates_matches_a_hand_computed_oracle(
+        tmp_path, tiny_encoder):
+    """Random short documents over five adds, with deletes and an update: every search
+    (text, and text with titles) gives the scores BM25 computed by hand over all blocks."""
+    import random
+
+    rng = random.Random(7)
+    words = ("oslo bergen norway capital city river harbour church bridge market king "
+             "queen island north south old new").split()
+
+    def doc(i: int) -> dict:
+        text = " ".join(rng.choice(words) for _ in range(rng.randint(2, 30)))
+        title = " ".join(rng.choice(words) for _ in range(rng.randint(0, 3)))
+        return {"id": f"d{i}", "title": title, "text": text}
+
+    blocks: list[dict] = []   # every block ever written, with the version of it that is live
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:
+        for part in range(5):
+            docs = [doc(part * 20 + i) for i in range(rng.choice((3, 20, 40)))]
+            db.add(docs)
+            blocks += [{**d, "live": f"{d['id']}@{len(blocks) + j}"}
+                       for j, d in enumerate(docs)]
+        live = {b["live"] for b in blocks}
+        gone = rng.sample([b for b in blocks], 8)
+        db.delete([b["id"] for b in gone])
+        live -= {b["live"] for b in gone}
+        old = next(b for b in blocks if b["live"] in live)
+        new = {"id": old["id"], "title": "", "text": "oslo oslo capital"}
+        db.update([new])
+        live.discard(old["live"])
+        blocks.append({**new, "live": f"{new['id']}@{len(blocks)}"})
+        live.add(blocks[-1]["live"])
+        assert db.stats()["segments"] == 6 and db.count() == len(live)
+        for q in ("oslo capital", "the old church by the river", "king queen island",
+                  "north", "bridge market harbour bergen"):
+            for title in (False, True):
+                fields = ("text", "title") if title else ("text",)
+                want = _bm25_oracle(blocks, live, q, fields, 6)
+                got = [(h["doc_id"], h["score"]) for h in db.search(q, limit=6, title=title)]
+                assert [s for _, s in got] == pytest.approx([s for _, s in want], rel=1e-4)
+                cut = want[-1][1] * (1 + 1e-4)   # documents tied at the cut may differ
+                assert ({d for d, s in got if s > cut} == {d for d, s in want if s > cut}), q
+
+
 def test_rescoring_a_segment_with_its_own_statistics_gives_tantivys_scores(small_db,
                                                                           sample_corpus):
     """The rescoring path reads each block's term frequencies and field lengths from
