@@ -210,9 +210,22 @@ class HnswIndex:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
         if self.gpu is not None and k <= GPU_MAX_K:
             return self.gpu.search(q, k)
+        if 2 * k >= n:  # most of the index: a scan is as cheap, and exact
+            return self._scan(q, k)
         self.index.set_ef(max(self.params.ef_search_min, int(self.params.ef_factor * k), k))
-        labels, dist = self.index.knn_query(np.asarray(q, np.float32)[None], k=k, num_threads=1)
+        try:
+            labels, dist = self.index.knn_query(np.asarray(q, np.float32)[None], k=k,
+                                                num_threads=1)
+        except RuntimeError:  # the graph reaches fewer than k elements from its entry point
+            return self._scan(q, k)
         return labels[0].astype(np.int64), (1.0 - dist[0]).astype(np.float32)
+
+    def _scan(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The exact top ``k`` of every stored vector (by score, then label)."""
+        labels, vecs = self.stored()
+        scores = (vecs @ np.asarray(q, np.float32).reshape(-1)).astype(np.float32)
+        order = np.lexsort((labels, -scores))[:k]
+        return labels[order], scores[order]
 
 
 # -- FAISS --------------------------------------------------------------------------------

@@ -610,3 +610,24 @@ def test_rescoring_a_segment_with_its_own_statistics_gives_tantivys_scores(small
                 assert [h[:2] for h in got] == [h[:2] for h in own]
                 assert [x for h in got for x in h[2:]] == pytest.approx(
                     [x for h in own for x in h[2:]], rel=1e-5)
+
+
+def test_dense_k_past_a_segments_size_is_an_exact_scan(new_db):
+    """hnswlib cannot always return most of its elements (a query for k near the index's
+    size raised "Cannot return the results in a contiguous 2D array"); a k of half the
+    index or more scans the stored vectors instead, so it gives the exact search's answers,
+    and a selective document filter (which widens k to the whole index) answers too."""
+    docs = [f"Document {i} talks about the capital city number {i} and more words to fill."
+            for i in range(300)]
+    new_db.add(docs)
+    q = "Document 5 talks about the capital city number [MASK]."
+    for k in (2048, 4096):
+        got = new_db.fill_mask(q, retrieval="dense", k=k, top=5)
+        exact = new_db.fill_mask(q, exact=True, k=k, top=5)
+        assert [(a.text, round(a.score, 5)) for a in got] == [(a.text, round(a.score, 5))
+                                                            for a in exact]
+        assert new_db.classify("It was [MASK].", {"p": ["capital"], "n": ["city"]}, k=k)
+    doc = new_db.documents().__next__()["id"]
+    rows = new_db.sql("SELECT phrase FROM MASKED(?) USING dense(k => 64) WHERE doc.id = ? "
+                      "LIMIT 3", [q, doc]).to_list()
+    assert rows
