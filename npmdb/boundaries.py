@@ -77,7 +77,9 @@ def token_flags(text: str, offsets: np.ndarray) -> np.ndarray:
     """Flag bits for each token of ``text``.
 
     ``offsets`` is an ``(n, 2)`` integer array of character spans into ``text`` (no special
-    tokens; spans already trimmed of surrounding white space). Returns ``uint8[n]``.
+    tokens; spans already trimmed of surrounding white space). Returns ``uint8[n]``. A span
+    trimmed to nothing (a byte-level tokenizer's white-space token, RoBERTa's "Ċ" or "Ġ")
+    is a word boundary on both sides and no word: no flag at all.
     """
     n = len(offsets)
     flags = np.zeros(n, dtype=np.uint8)
@@ -88,19 +90,23 @@ def token_flags(text: str, offsets: np.ndarray) -> np.ndarray:
     punct = [is_punct(text[s:e]) for s, e in zip(starts, ends)]
     cjk_first = [e > s and _is_cjk(text[s]) for s, e in zip(starts, ends)]
     cjk_last = [e > s and _is_cjk(text[e - 1]) for s, e in zip(starts, ends)]
+    empty = [e <= s for s, e in zip(starts, ends)]
 
     # boundary[i]: a word boundary lies just before token i.
     boundary = [True] * (n + 1)
     for i in range(1, n):
         boundary[i] = (
             starts[i] > ends[i - 1] or punct[i] or punct[i - 1]
-            or cjk_first[i] or cjk_last[i - 1]
+            or cjk_first[i] or cjk_last[i - 1] or empty[i] or empty[i - 1]
         )
     ws = 0
     for i in range(1, n + 1):
         if not boundary[i]:
             continue
         we = i - 1  # word spans tokens ws..we
+        if empty[ws]:  # white space alone (its own word: boundaries on both sides)
+            ws = i
+            continue
         word = text[starts[ws]:ends[we]]
         low = word.casefold()
         is_stop = low in STOPWORDS and (

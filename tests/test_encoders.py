@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import npmdb
@@ -209,3 +210,29 @@ def test_a_database_finds_the_installed_base_after_its_environment_moved(
     with npmdb.open(tmp_path / "db", progress=False) as db:
         with pytest.raises(npmdb.OperationalError, match="is gone and no installed encoder"):
             db.fill_mask("The capital of France is [MASK].", retrieval="dense")
+
+
+def test_white_space_tokens_are_never_answers(tmp_path, encoders):
+    """A byte-level tokenizer makes tokens of white space alone ("Ċ" for a newline, "Ġ"
+    before a double space); trimmed, they span nothing. They are boundaries, never words:
+    no answer is empty or starts or ends with white space, in either mode."""
+    from npmdb.boundaries import VALID_END, VALID_START, token_flags
+    from npmdb.encoder import Encoder
+
+    text = "Salem is the capital of Oregon.\n\nThe  city  of Berlin  lies in Germany."
+    tt = Encoder(encoders["roberta"]).tokenize(text)
+    empty = [i for i, (s, t) in enumerate(tt.offsets) if s == t]
+    assert empty  # the tokenizer does make them
+    flags = token_flags(text, np.asarray(tt.offsets))
+    assert not any(flags[i] for i in empty)
+    assert all(text[s:t].strip() == text[s:t] for (s, t), f in zip(tt.offsets, flags)
+               if f & (VALID_START | VALID_END))
+    with npmdb.open(tmp_path / "db", encoder=encoders["roberta"], progress=False) as db:
+        db.add([text, "Madrid  is in Spain.\n\n\nLisbon is in Portugal.  "])
+        for q in ("The capital of Oregon is [MASK].", "Lisbon is in [MASK]."):
+            for mode in ("phrase", "token"):
+                for retrieval in ("dense", "bm25"):
+                    res = db.fill_mask(q, mode=mode, retrieval=retrieval, top=50, k=64)
+                    assert res.answers
+                    assert all(a.text and a.text == a.text.strip() for a in res), \
+                        [a.text for a in res]
