@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import textwrap
 import time
+from contextlib import suppress
 from pathlib import Path
 from typing import Sequence
 
@@ -68,16 +70,47 @@ def cmd_add(args) -> int:
         engine = resolve_engine(RayEngine(workers=args.workers))
     elif args.workers is not None:
         raise npmdb.ProgrammingError("--workers needs --ray")
-    with npmdb.open(args.db, encoder=args.encoder, progress=not args.quiet,
-                    timeout=args.timeout) as db:
-        t0 = time.time()
-        before = db.count()
-        # one path is a str source; several are Paths (a str in a list is a document's text)
-        vid = db.add([Path(f) for f in args.files] if len(args.files) > 1 else args.files[0],
-                     message=args.message or "", engine=engine)
-        print(f"added {db.count() - before} documents in {time.time() - t0:.1f} s; "
-              f"version {vid}")
+    path = Path(args.db)
+    existed = path.exists()
+    new = not (path / "data.mdb").exists()
+    try:
+        with npmdb.open(args.db, encoder=args.encoder, progress=not args.quiet,
+                        timeout=args.timeout) as db:
+            t0 = time.time()
+            before = db.count()
+            # one path is a str source; several are Paths (a str in a list is a text)
+            vid = db.add([Path(f) for f in args.files] if len(args.files) > 1
+                         else args.files[0], message=args.message or "", engine=engine)
+            print(f"added {db.count() - before} documents in {time.time() - t0:.1f} s; "
+                  f"version {vid}")
+    except BaseException:
+        if new:  # a failed first add leaves no database behind (nor its encoder choice)
+            _remove_if_never_written(path, made=not existed)
+        raise
     return 0
+
+
+def _remove_if_never_written(path: Path, *, made: bool) -> None:
+    """Remove the database this command created at ``path`` if it holds no version (a
+    directory that existed before, empty, stays)."""
+    import shutil
+
+    import npmdb
+
+    try:
+        with npmdb.open(path, readonly=True, create=False, progress=False) as db:
+            if db.versions():
+                return
+    except npmdb.Error:  # not a database, or not one to judge: leave it as it is
+        return
+    if made:
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        for child in path.iterdir():
+            if child.is_dir():
+                shutil.rmtree(child, ignore_errors=True)
+            else:
+                child.unlink(missing_ok=True)
 
 
 def _fill_options(args, flags: Sequence[str]) -> dict:
@@ -528,6 +561,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("npmdb: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`npmdb sql ... | head`): stop quietly
+        with suppress(OSError, ValueError, AttributeError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a command killed by the pipe
 
 
 if __name__ == "__main__":

@@ -174,6 +174,12 @@ def _validate(spec) -> None:
     _int(spec, "top", 0)
     _int(spec, "offset", 0)
     _int(spec, "evidence", 0)
+    if spec.doc_filter is not None and not isinstance(spec.doc_filter, DocFilter):
+        raise ProgrammingError(
+            f"doc_filter takes a npmdb.query.spec.DocFilter, not "
+            f"{type(spec.doc_filter).__name__}: to restrict the documents a query reads, use "
+            "SQL, e.g. db.sql(\"SELECT phrase FROM MASKED(?) WHERE doc.id IN ('a', 'b')\", "
+            "[query])")
     for name in ("tau",):
         v = getattr(spec, name)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:

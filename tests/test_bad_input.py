@@ -260,10 +260,14 @@ def test_odd_but_valid_queries_answer(db, query):
     dict(tau=float("inf")), dict(tau=1e-300), dict(alpha=float("nan")), dict(alpha=782),
     dict(mode="x"), dict(retrieval="x"), dict(blocks=0), dict(max_len=0), dict(max_len=10 ** 9),
     dict(exact="yes"), dict(evidence=-1), dict(offset=-1), dict(scoring="x"),
-    dict(group_by="x"), dict(bogus=1), dict(top=True)])
+    dict(group_by="x"), dict(bogus=1), dict(top=True), dict(doc_filter=1),
+    dict(doc_filter="doc.id = 'a'")])
 def test_bad_query_parameters(db, opts):
     with pytest.raises(npmdb.ProgrammingError):
         db.fill_mask(Q, **opts)
+    if "doc_filter" in opts:
+        with pytest.raises(npmdb.ProgrammingError, match="doc_filter takes a .*DocFilter"):
+            db.classify("It was [MASK].", {"a": ["x"]}, **opts)
 
 
 def test_numpy_integers_are_integers(db):

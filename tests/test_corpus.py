@@ -427,6 +427,16 @@ def test_csv_errors(tmp_path):
     p.write_bytes(b"text\nok\nbad \xff\n")
     with pytest.raises(DataError, match=rf"{p.name}:3: invalid UTF-8 at byte offset 12"):
         docs(p)
+    # a stray quote used to make the rest of the file one document's text
+    p.write_text('id,text\n1,Oslo is in Norway.\n2,"Paris is in France.\n3,Rome is in '
+                 'Italy.\n4,Bern is in Switzerland.\n', encoding="utf-8")
+    with pytest.raises(DataError, match=rf"{p.name}:3: malformed CSV in the row that starts "
+                                        "on this line: .*a quote opened in this row never "
+                                        "closes"):
+        docs(p)
+    # quotes inside an unquoted field stay characters, as the csv module reads them
+    p.write_text('text\nhe said "hi" there\n', encoding="utf-8")
+    assert docs(p)[0].text == 'he said "hi" there'
 
 
 def test_parquet(tmp_path):

@@ -156,6 +156,17 @@ def test_cli_add_and_query(tmp_path, sample_corpus):
                     encoding="utf-8")
     db = tmp_path / "cli.npmdb"
 
+    # a failed first add leaves no database behind, nor its encoder choice
+    out = npmdb_cli("add", str(db), str(tmp_path / "missing.jsonl"), "-q")
+    assert out.returncode == 2 and "file not found" in out.stderr
+    assert not db.exists()
+    (tmp_path / "empty").mkdir()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{"text": \n', encoding="utf-8")
+    out = npmdb_cli("add", str(tmp_path / "empty"), str(bad), "-q")
+    assert out.returncode == 2 and "bad.jsonl:2" in out.stderr
+    assert (tmp_path / "empty").is_dir() and not any((tmp_path / "empty").iterdir())
+
     out = npmdb_cli("add", str(db), str(data), "-q")
     assert out.returncode == 0, out.stderr
     assert "added 23 documents" in out.stdout
@@ -187,3 +198,24 @@ def test_cli_add_and_query(tmp_path, sample_corpus):
     assert out.returncode == 2 and "already exists" in out.stderr
     with npmdb.open(db, readonly=True, progress=False) as check:
         assert check.count() == 23 and len(check.versions()) == 1
+
+
+def test_cli_output_into_a_closed_pipe_stops_quietly(tmp_path, tiny_encoder, monkeypatch,
+                                                     capsys):
+    """`npmdb sql DB ... | head -1`: the reader goes away, and the command stops with the
+    status a shell gives a command the pipe killed (141), not a BrokenPipeError trace."""
+    from npmdb.cli import main
+
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:
+        db.add(["Oslo is in Norway.", "Bergen is in Norway."])
+
+    class Closed:
+        def write(self, _text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(sys, "stdout", Closed())
+    assert main(["sql", str(tmp_path / "db"), "SELECT id, text FROM DOCUMENTS"]) == 141
+    assert "Traceback" not in capsys.readouterr().err

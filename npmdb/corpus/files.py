@@ -211,7 +211,7 @@ def _read_csv(path: Path, compressed: bool, fields: _Fields,
         for lineno, offset, raw in _binary_lines(path, compressed):
             yield _decode_file_bytes(raw, path, line=lineno, base_offset=offset)
 
-    reader = csv.reader(text_lines(), dialect)
+    reader = csv.reader(text_lines(), dialect, strict=True)
     try:
         header = next(reader)
     except StopIteration:
@@ -235,7 +235,10 @@ def _read_csv(path: Path, compressed: bool, fields: _Fields,
         except StopIteration:
             return
         except csv.Error as exc:
-            raise DataError(f"{path}:{reader.line_num}: malformed {kind}: {exc}") from None
+            hint = ("; a quote opened in this row never closes, so the rest of the file "
+                    "would be one field" if "end of data" in str(exc) else "")
+            raise DataError(f"{path}:{start}: malformed {kind} in the row that starts on this "
+                            f"line: {exc}{hint}; nothing was added") from None
         if not row:
             continue
         where = f"{path}:{start}"
