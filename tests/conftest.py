@@ -54,7 +54,8 @@ def sample_cloze() -> list[dict]:
     return load_jsonl("cloze.jsonl")
 
 
-def make_tiny_encoder(path: Path, *, seed: int = 0, hidden: int = 32) -> Path:
+def make_tiny_encoder(path: Path, *, seed: int = 0, hidden: int = 32,
+                      positions: int = 512) -> Path:
     """A randomly initialised 2-layer BERT with the default encoder's tokenizer."""
     import torch
     from transformers import BertConfig, BertModel
@@ -69,7 +70,7 @@ def make_tiny_encoder(path: Path, *, seed: int = 0, hidden: int = 32) -> Path:
     torch.manual_seed(seed)
     cfg = BertConfig(vocab_size=30522, hidden_size=hidden, num_hidden_layers=2,
                      num_attention_heads=2, intermediate_size=2 * hidden,
-                     max_position_embeddings=512)
+                     max_position_embeddings=positions)
     BertModel(cfg).save_pretrained(path, safe_serialization=True)
     return path
 

@@ -236,3 +236,47 @@ def test_white_space_tokens_are_never_answers(tmp_path, encoders):
                     assert res.answers
                     assert all(a.text and a.text == a.text.strip() for a in res), \
                         [a.text for a in res]
+
+
+def test_blocks_fit_the_encoders_positions(tmp_path, encoders):
+    """A block and its [CLS] and [SEP] fit the model: the default block length shrinks to
+    an encoder with fewer positions, a longer one asked for is refused before anything is
+    written, and RoBERTa-style models (MPNet too) lose the positions before their first."""
+    import json
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from conftest import make_tiny_encoder
+    from npmdb.encoder import Encoder, block_limit
+
+    short = make_tiny_encoder(tmp_path / "short", positions=128)
+    assert block_limit(short) == 126
+    long_text = " ".join(f"word{i}" for i in range(400))
+    with npmdb.open(tmp_path / "a", encoder=short, progress=False) as db:
+        assert db.stats()["config"]["block_len"] == 126
+        db.add([long_text])
+        assert db.fill_mask("word3 word4 [MASK].", retrieval="bm25").answers
+        assert db.fill_mask(long_text[:3000] + " [MASK].", retrieval="dense").answers
+    with pytest.raises(npmdb.ProgrammingError, match=r"block_len 256 is more than the "
+                                                     r"encoder .* pass block_len=126 or less"):
+        npmdb.open(tmp_path / "b", encoder=short, block_len=256)
+    assert not (tmp_path / "b").exists()
+    for kind in ("roberta", "mpnet"):  # 514 positions, 2 of them before the first token's
+        assert block_limit(encoders[kind]) == 510
+        assert Encoder(encoders[kind]).max_positions == 512
+    with pytest.raises(npmdb.ProgrammingError, match="pass block_len=510"):
+        npmdb.open(tmp_path / "c", encoder=encoders["mpnet"], block_len=511)
+    # a config that names its width d_model (Funnel's) is read; one with no width is refused
+    cfg = json.loads((short / "config.json").read_text())
+    cfg["d_model"] = cfg.pop("hidden_size")
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    for f in short.iterdir():
+        (odd / f.name).write_bytes(f.read_bytes())
+    (odd / "config.json").write_text(json.dumps(cfg))
+    from npmdb.encoder import describe
+    assert describe(odd).hidden_size == 32
+    del cfg["d_model"]
+    (odd / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(npmdb.NotSupportedError, match="cannot tell the vector width"):
+        npmdb.open(tmp_path / "d", encoder=odd)
+    assert not (tmp_path / "d").exists()
