@@ -407,6 +407,10 @@ class _Checker:
                 want = (rec.get("encoder") or {}).get("fingerprint")
                 if want and enc_mod.fingerprint_dir(p) != want:
                     self.err(where, f"its encoder checkpoint {ck} is corrupt (sha256 mismatch)")
+                tok = (rec.get("encoder") or {}).get("tokenizer")
+                if tok and enc_mod.fingerprint_tokenizer(p) != tok:
+                    self.err(where, f"the tokenizer files of its encoder checkpoint {ck} "
+                                    "changed (sha256 mismatch)")
 
 
 def check(env: "Env", root: Path, *, deep: bool = True) -> CheckReport:

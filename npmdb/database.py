@@ -235,6 +235,12 @@ class Database:
                     f"{want.fingerprint[:12]}…) but you passed {given.name!r} (sha256 "
                     f"{given.fingerprint[:12]}…): open it with encoder=None to use its own "
                     "encoder, or use another directory for the new encoder")
+            if want.tokenizer and given.tokenizer != want.tokenizer:
+                raise ProgrammingError(
+                    f"{self.path} was built with encoder {want.name!r} and another tokenizer "
+                    f"than the one at {given.path} (sha256 {given.tokenizer[:12]}…, recorded "
+                    f"{want.tokenizer[:12]}…): the same weights would read the text as other "
+                    "tokens; pass the directory with the original tokenizer files")
             self._encoders.override = Path(given.path)
 
     def close(self) -> None:

@@ -116,14 +116,17 @@ class EncoderInfo:
     fingerprint: str   # sha256 over config.json and the weights
     hidden_size: int
     model_type: str
+    tokenizer: str = ""  # sha256 over the tokenizer's files ("": not recorded, older releases)
 
     def to_dict(self) -> dict:
         return {"name": self.name, "path": self.path, "fingerprint": self.fingerprint,
-                "hidden_size": self.hidden_size, "model_type": self.model_type}
+                "hidden_size": self.hidden_size, "model_type": self.model_type,
+                "tokenizer": self.tokenizer}
 
     @classmethod
     def from_dict(cls, d: dict) -> "EncoderInfo":
-        return cls(d["name"], d["path"], d["fingerprint"], int(d["hidden_size"]), d["model_type"])
+        return cls(d["name"], d["path"], d["fingerprint"], int(d["hidden_size"]), d["model_type"],
+                   str(d.get("tokenizer") or ""))
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,8 +150,24 @@ class QueryVectors:
 
 def fingerprint_dir(path: Path) -> str:
     """sha256 over the config and weights files of a model directory."""
+    return _sha256_of(path, ("config.json", *WEIGHT_FILES))
+
+
+#: The files a tokenizer is read from (those a directory has).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "added_tokens.json", "vocab.txt", "vocab.json", "merges.txt",
+                   "spiece.model", "sentencepiece.bpe.model", "sentencepiece.model")
+
+
+def fingerprint_tokenizer(path: Path) -> str:
+    """sha256 over the tokenizer files of a model directory: the same weights read through
+    another vocabulary or casing give other token ids, and vectors of another text."""
+    return _sha256_of(path, TOKENIZER_FILES)
+
+
+def _sha256_of(path: Path, names: Sequence[str]) -> str:
     h = hashlib.sha256()
-    for name in ("config.json", *WEIGHT_FILES):
+    for name in names:
         f = path / name
         if not f.exists():
             continue
@@ -213,7 +232,8 @@ def describe(path: str | os.PathLike | None, fingerprint: str | None = None) -> 
             f"names none of {', '.join(WIDTH_KEYS)}; npmdb reads encoders whose config "
             "gives one")
     return EncoderInfo(name=str(name), path=str(p), fingerprint=fingerprint or fingerprint_dir(p),
-                       hidden_size=int(width), model_type=str(config.get("model_type", "")))
+                       hidden_size=int(width), model_type=str(config.get("model_type", "")),
+                       tokenizer=fingerprint_tokenizer(p))
 
 
 class Encoder:

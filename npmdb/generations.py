@@ -68,7 +68,7 @@ def _begin(writer: "Writer", encoders: "Encoders", model: Any) -> NewGeneration:
                                   Path(encoders.get(0).info.path)])
     found = enc_mod.describe(ckpt)
     info = enc_mod.EncoderInfo(base.info.name + f"@g{gen}", str(ckpt), found.fingerprint,
-                               found.hidden_size, found.model_type)
+                               found.hidden_size, found.model_type, found.tokenizer)
     return NewGeneration(gen, head, ckpt.relative_to(writer.root).as_posix(), info)
 
 

@@ -280,3 +280,29 @@ def test_blocks_fit_the_encoders_positions(tmp_path, encoders):
     with pytest.raises(npmdb.NotSupportedError, match="cannot tell the vector width"):
         npmdb.open(tmp_path / "d", encoder=odd)
     assert not (tmp_path / "d").exists()
+
+
+def test_a_changed_tokenizer_is_refused(tmp_path, tiny_encoder):
+    """The same weights read through another vocabulary or casing make other tokens: a
+    database records its tokenizer's files (sha256) and refuses to answer or write with
+    changed ones, as it does for changed weights."""
+    import json
+    import shutil
+
+    enc = tmp_path / "enc"
+    shutil.copytree(tiny_encoder, enc)
+    with npmdb.open(tmp_path / "db", encoder=enc, progress=False) as db:
+        db.add(["Salem is the capital of Oregon."])
+        assert db.encoder.info.tokenizer
+    cfg = json.loads((enc / "tokenizer_config.json").read_text())
+    cfg["do_lower_case"] = not cfg.get("do_lower_case", True)
+    (enc / "tokenizer_config.json").write_text(json.dumps(cfg))
+    with npmdb.open(tmp_path / "db", progress=False) as db:
+        with pytest.raises(npmdb.OperationalError, match="the tokenizer of embedding "
+                                                         "generation 0 .* is not the one"):
+            db.fill_mask("Salem is the capital of [MASK].")
+        with pytest.raises(npmdb.OperationalError, match="tokenizer"):
+            db.add(["Paris is the capital of France."])
+        assert db.count() == 1
+    with pytest.raises(npmdb.ProgrammingError, match="another tokenizer"):
+        npmdb.open(tmp_path / "db", encoder=enc)
