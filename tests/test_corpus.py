@@ -511,6 +511,20 @@ def test_directory_errors_name_the_file(tmp_path):
     bad.write_text('{"text": 1}\n', encoding="utf-8")
     with pytest.raises(DataError, match=rf"sub{os.sep}bad.jsonl:1: 'text' is int"):
         docs(tmp_path)
+    # an entry the walk may not look at (a link into /proc) is named, not the database
+    bad.unlink()
+    (tmp_path / "sub" / "locked").write_text("x", encoding="utf-8")
+    real = Path.is_file
+
+    def is_file(self):
+        if self.name == "locked":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Path, "is_file", is_file)
+        with pytest.raises(DataError, match=r"locked': cannot read it \(Permission denied\)"):
+            docs(tmp_path)
 
 
 def test_list_of_paths_and_mixed(tmp_path):

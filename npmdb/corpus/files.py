@@ -68,7 +68,12 @@ def _walk(root: Path) -> list[tuple[Path, str]]:
             if name.startswith("."):
                 continue
             file = Path(dirpath, name)
-            if file.is_file():
+            try:
+                regular = file.is_file()
+            except OSError as exc:  # e.g. a link into /proc that this user may not follow
+                raise DataError(f"{_short_path(str(file))}: cannot read it ({exc.strerror or exc}); "
+                                "nothing was added") from exc
+            if regular:
                 found.append((file.relative_to(root).parts, file))
     found.sort(key=lambda item: item[0])
     return [(file, "/".join(parts)) for parts, file in found]
