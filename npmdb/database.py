@@ -301,7 +301,11 @@ class Database:
             m = V.resolve(txn, self.env.dbs, version)
             segs = [self._readers.get(txn, s) for s in m.segments]
             gen = m.generation
-            snap = Snapshot(txn, m, segs, lambda: self.encoder_for(gen), doc_filter,
+            # the generation's record as this snapshot sees it: a vacuum in another process
+            # may drop it (and keep its checkpoint until this reader ends) before the
+            # encoder loads, which a bm25 query does only after its retrieval
+            record = F.get_generation(txn, self.env.dbs, gen)
+            snap = Snapshot(txn, m, segs, lambda: self._encoders.get(gen, record), doc_filter,
                             self._filter_cache)
             try:
                 yield snap
@@ -328,7 +332,7 @@ class Database:
                     yield ExecContext(None, self._encode_with(0), lambda: versions)
                     return
         with self.snapshot(version, doc_filter) as snap:
-            yield ExecContext(snap, self._encode_with(snap.generation),
+            yield ExecContext(snap, lambda text, mode: snap.encoder().encode_query(text, mode),
                               lambda: history(snap.txn, self.env.dbs), doc_filter,
                               shards=self._shards)
 

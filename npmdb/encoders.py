@@ -45,20 +45,24 @@ class Encoders:
             raise OperationalError(f"embedding generation {gen} is not recorded in {self.root}")
         return rec
 
-    def get(self, gen: int) -> enc_mod.Encoder:
-        """The encoder of generation ``gen`` (loaded once, then cached)."""
+    def get(self, gen: int, record: F.GenerationRecord | None = None) -> enc_mod.Encoder:
+        """The encoder of generation ``gen`` (loaded once, then cached); ``record``: the
+        generation's record as the caller's snapshot read it (None: read it now)."""
         e = self._cache.get(gen)
         if e is not None:
             return e
         with self._lock:
             e = self._cache.get(gen)
             if e is None:
-                e = self._cache[gen] = self._load(gen)
+                e = self._cache[gen] = self._load(gen, record)
             return e
 
-    def _load(self, gen: int) -> enc_mod.Encoder:
-        with self.env.read() as txn:
-            g = self._record(txn, gen)
+    def _load(self, gen: int, record: F.GenerationRecord | None = None) -> enc_mod.Encoder:
+        if record is not None:
+            g = record
+        else:
+            with self.env.read() as txn:
+                g = self._record(txn, gen)
         info = enc_mod.EncoderInfo.from_dict(g.encoder)
         if g.checkpoint:
             path = self.root / g.checkpoint

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from typing import TYPE_CHECKING, Any
 
 from .arguments import check_text
@@ -24,8 +25,10 @@ class VersionView:
     def _ref(self, ref: int | str | None) -> int:
         """This view's version for ``ref``: None, its id, or a tag of it; another version
         is refused."""
-        if ref is not None and ref != self.version and self._db.checkout(ref).version != \
-                self.version:
+        if ref is None or (isinstance(ref, numbers.Integral) and not isinstance(ref, bool)
+                           and int(ref) == self.version):
+            return self.version
+        if self._db.checkout(ref).version != self.version:  # checks the reference first
             raise ProgrammingError(f"this view is of version {self.version}; query "
                                    "other versions through the database")
         return self.version

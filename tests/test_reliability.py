@@ -372,3 +372,43 @@ def test_short_soak_readers_never_see_errors_or_torn_versions(tmp_path, tiny_enc
                               r["exit_codes"])
     assert r["queries_served"] > 0 and r["versions_committed"] > 0
     assert r["check_after"]["clean"], r["check_after"]
+
+
+def test_a_vacuum_during_a_query_on_an_old_generation_does_not_break_it(tmp_path,
+                                                                          tiny_encoder):
+    """A bm25 query loads its encoder after retrieval; a vacuum in another process that
+    drops the version's generation meanwhile used to make it fail ("embedding generation
+    1 is not recorded"). The snapshot reads the generation's record when it opens, and the
+    checkpoint stays until the reader ends."""
+    from npmdb.query.spec import DocFilter
+
+    path = tmp_path / "db"
+    trees = [f"A tall oak number {i} is a kind of tree in the forest." for i in range(24)]
+    with npmdb.open(path, encoder=tiny_encoder, progress=False) as db:
+        db.add(trees)
+        first = db.version
+        trained = npmdb.train(db, steps=1, batch_blocks=4, refresh_every=0, threads=1,
+                              progress=False).versions[-1]
+        db.add(["An old oak is a tree."])
+        db.restore(first)
+        for v in db.versions():
+            for name in v["tags"]:
+                db.untag(name)
+    vacuum = ("import npmdb, sys\n"
+              "with npmdb.open(sys.argv[1], progress=False, timeout=30) as db:\n"
+              "    db.vacuum()\n"
+              "    print(sorted(v['id'] for v in db.versions()))\n")
+    done = []
+
+    def vacuum_once(_doc) -> bool:
+        if not done:  # inside the query's snapshot, before its encoder loads
+            out = subprocess.run([sys.executable, "-c", vacuum, str(path)], text=True,
+                                 capture_output=True, timeout=120)
+            done.append(out.stdout.strip() or out.stderr)
+        return True
+
+    with npmdb.open(path, progress=False, readonly=True) as db:
+        res = db.fill_mask("A [MASK] is a kind of tree.", version=trained, retrieval="bm25",
+                           doc_filter=DocFilter("vacuum once", vacuum_once))
+        assert res.answers and res.version == trained and res.generation == 1
+        assert str(trained) not in done[0].strip("[]").split(", "), done

@@ -452,6 +452,13 @@ def test_cli_train(db_copy, capsys):
     ({"steps": 2, "max_seconds": -3.0}, "max_seconds must be a positive"),
     ({"steps": 2, "max_seconds": "60"}, "max_seconds must be a positive"),
     ({"steps": 2, "prefetch": "yes"}, "prefetch must be True or False"),
+    # switches are True or False: "no" read as on, None as off
+    ({"steps": 2, "freeze_embeddings": "no"}, "freeze_embeddings must be True or False"),
+    ({"steps": 2, "exclude_repeats": "false"}, "exclude_repeats must be True or False"),
+    ({"steps": 2, "target_grad": 1}, "target_grad must be True or False"),
+    ({"steps": 2, "clean_edges": None}, "clean_edges must be True or False"),
+    ({"steps": 2, "grad_cache": "no"}, "grad_cache must be True or False"),
+    ({"steps": 2, "callback": 5}, "callback must be a function"),
     # checked before the first step, not when the last version is written
     ({"steps": 20, "tag_prefix": "0"}, "invalid tag name '020'"),
     ({"steps": 2, "tag_prefix": "x" * 400}, "at most 400 bytes"),

@@ -411,6 +411,20 @@ def test_an_existing_tag_moves_only_when_asked(tmp_path, tiny_encoder, capsys):
         assert db.checkout("release").count() == 2
 
 
+def test_a_view_checks_a_version_given_to_it(tmp_path, tiny_encoder):
+    """A view of version 1 takes version=1, its tag or None; 1.0 and True are refused as
+    they are everywhere (True == 1 and 1.0 == 1 in Python)."""
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:
+        db.add(["Oslo is the capital of Norway."])
+        db.tag("one")
+        view = db.checkout(1)
+        for ok in (None, 1, "1", "one"):
+            assert view.fill_mask("Oslo is the capital of [MASK].", version=ok).version == 1
+        for bad in (1.0, True):
+            with pytest.raises(npmdb.ProgrammingError, match="version reference"):
+                view.fill_mask("Oslo is the capital of [MASK].", version=bad)
+
+
 def test_a_tag_is_removed_and_its_version_goes_at_the_next_vacuum(tmp_path, tiny_encoder,
                                                                   capsys):
     """``db.untag`` (``npmdb tag --delete``) removes a name; the version it kept stays

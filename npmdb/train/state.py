@@ -162,8 +162,11 @@ def resolve_config(args: Mapping[str, Any], *, preset: str | None,
     weight_decay = _check_float("weight_decay", hp["weight_decay"], 0.0)
     max_grad_norm = _check_float("max_grad_norm", hp["max_grad_norm"], 0.0)
     mask_ratio = _check_float("mask_ratio", hp["mask_ratio"], 0.0, 1.0, lo_open=True)
-    exclude_repeats = bool(hp["exclude_repeats"])
-    context_negatives = bool(hp["context_negatives"])
+    exclude_repeats = _check_bool("exclude_repeats", hp["exclude_repeats"])
+    context_negatives = _check_bool("context_negatives", hp["context_negatives"])
+    target_grad = _check_bool("target_grad", hp["target_grad"])
+    freeze_embeddings = _check_bool("freeze_embeddings", hp["freeze_embeddings"])
+    grad_cache = _check_bool("grad_cache", args["grad_cache"])
     if context_negatives and not exclude_repeats:
         raise ProgrammingError("context_negatives=True needs exclude_repeats=True (a visible "
                                "copy of the answer would become a negative)")
@@ -179,8 +182,8 @@ def resolve_config(args: Mapping[str, Any], *, preset: str | None,
         span_unit = s["hyper"].get("span_unit", "token")  # runs saved before the option
         span_length_p = s["hyper"].get("span_length_p", 0.5)  # ditto
         reverse_pairs = bool(s["hyper"].get("reverse_pairs", False))  # ditto
-    if not isinstance(reverse_pairs, bool):
-        raise ProgrammingError(f"reverse_pairs must be True or False, got {reverse_pairs!r}")
+    _check_bool("reverse_pairs", reverse_pairs)
+    _check_bool("clean_edges", clean_edges)
     if span_unit not in SPAN_UNITS:
         raise ProgrammingError(f"span_unit must be one of {SPAN_UNITS}, got {span_unit!r}")
     if objective not in OBJECTIVES:
@@ -210,14 +213,21 @@ def resolve_config(args: Mapping[str, Any], *, preset: str | None,
     return TrainConfig(
         steps=steps, batch_blocks=batch_blocks, lr=lr, group_size=group_size, warmup=warmup,
         weight_decay=weight_decay, max_grad_norm=max_grad_norm, mask_ratio=mask_ratio,
-        target_grad=bool(hp["target_grad"]), freeze_embeddings=bool(hp["freeze_embeddings"]),
+        target_grad=target_grad, freeze_embeddings=freeze_embeddings,
         exclude_repeats=exclude_repeats, context_negatives=context_negatives,
         refresh_every=refresh_every, objective=objective, seed=seed, grouping=grouping,
-        clean_edges=clean_edges, max_span_len=max_span_len, grad_cache=args["grad_cache"],
+        clean_edges=clean_edges, max_span_len=max_span_len, grad_cache=grad_cache,
         chunk_tokens=chunk_tokens, loss_chunk=loss_chunk, threads=threads,
         tag_prefix=args["tag_prefix"], log_every=log_every, preset=preset,
         start_step=start_step, span_unit=span_unit, span_length_p=span_length_p,
         reverse_pairs=reverse_pairs)
+
+
+def _check_bool(name: str, value: Any) -> bool:
+    """A switch is True or False: "no" or None would read as on or off by truthiness."""
+    if not isinstance(value, bool):
+        raise ProgrammingError(f"{name} must be True or False, got {value!r}")
+    return value
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:

@@ -190,6 +190,9 @@ def train(
                                f"got {max_seconds!r}")
     if not isinstance(prefetch, bool):
         raise ProgrammingError(f"prefetch must be True or False, got {prefetch!r}")
+    if callback is not None and not callable(callback):
+        raise ProgrammingError(f"callback must be a function taking a dict of step "
+                               f"statistics, got {callback!r}")
     saved = saved_run(db, preset=preset, resume=resume)
     cfg = resolve_config(dict(
         steps=steps, batch_blocks=batch_blocks, lr=lr, group_size=group_size, warmup=warmup,
