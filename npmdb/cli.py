@@ -238,7 +238,8 @@ def cmd_train(args) -> int:
 
     # read the questions first: a bad file is an error before an hour of training
     questions = load_questions(args.keep_if_better) if args.keep_if_better else None
-    with npmdb.open(args.db, create=False, progress=not args.quiet) as db:
+    with npmdb.open(args.db, create=False, progress=not args.quiet,
+                    timeout=args.timeout) as db:
         before = db.version
         report = npmdb.train(db, steps=args.steps, batch_blocks=args.batch_blocks, lr=args.lr,
                              objective=args.objective, refresh_every=args.refresh_every,
@@ -485,6 +486,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     tr = sub.add_parser("train", help="train the encoder with NPM's objective; refresh embeddings")
     tr.add_argument("db")
+    tr.add_argument("--timeout", type=float, default=0.0,
+                    help="seconds to wait for another writer before the first step (each "
+                         "refresh waits up to 10 minutes for one)")
     tr.add_argument("--preset", default=None, choices=("default", "demo"),
                     help="hyperparameters: 'demo' is the recipe tuned for the bundled sample "
                          "on 2 CPU cores (400 steps, 32 blocks, lr 1e-4); 'default' is NPM's "

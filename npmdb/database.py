@@ -513,11 +513,17 @@ class Database:
 
     def write_generation(self, model: Any, *, steps: int = 0, tag: str | None = None,
                          message: str = "", info: dict | None = None,
-                         engine: Any = "local") -> tuple[int, int]:
+                         engine: Any = "local", timeout: float | None = None
+                         ) -> tuple[int, int]:
         """Re-embed every document with ``model`` (a transformers model, e.g. a trained
         copy of the encoder) as a new embedding generation, and commit a version that reads
         it (tagged ``tag``); returns ``(version, generation)``. Older versions keep their
-        own encoder. ``engine``: 'local' or 'ray' / a RayEngine (see docs/SCALE.md)."""
+        own encoder. ``engine``: 'local' or 'ray' / a RayEngine (see docs/SCALE.md);
+        ``timeout``: seconds to wait for another writer (None: the handle's)."""
+        if timeout is not None and (isinstance(timeout, bool)
+                                    or not isinstance(timeout, (int, float)) or timeout < 0):
+            raise ProgrammingError(f"timeout must be a number of seconds >= 0, got "
+                                   f"{timeout!r}")
         from .generations import reembed
 
         runner = None
@@ -525,7 +531,7 @@ class Database:
             from .ingest.ray import resolve_engine
             runner = resolve_engine(engine)
         return reembed(self._writing(), self._encoders, model, steps=steps, tag=tag,
-                       message=message, info=info, engine=runner)
+                       message=message, info=info, engine=runner, timeout=timeout)
 
     def check(self, *, deep: bool = True):
         """Verify every checksum and reference of the database (see :mod:`npmdb.check`);

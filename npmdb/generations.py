@@ -72,20 +72,30 @@ def _begin(writer: "Writer", encoders: "Encoders", model: Any) -> NewGeneration:
     return NewGeneration(gen, head, ckpt.relative_to(writer.root).as_posix(), info)
 
 
+#: Seconds a training refresh waits for another writer (an ``add`` in another process)
+#: before it gives up: a refresh comes after minutes or hours of steps, so it waits
+#: rather than fail at once as a handle's default ``timeout=0`` would.
+REFRESH_LOCK_WAIT = 600.0
+
+
 def write_generation(db: "Database", model: Any, *, steps: int = 0, tag: str | None = None,
-                     message: str = "", info: dict | None = None) -> tuple[int, int]:
+                     message: str = "", info: dict | None = None,
+                     timeout: float = REFRESH_LOCK_WAIT) -> tuple[int, int]:
     """``db.write_generation(model, ...)``: the refresh function a
-    :class:`~npmdb.train.refresh.Refresher` calls by default."""
-    return db.write_generation(model, steps=steps, tag=tag, message=message, info=info)
+    :class:`~npmdb.train.refresh.Refresher` calls by default; it waits up to ``timeout``
+    seconds for another writer."""
+    return db.write_generation(model, steps=steps, tag=tag, message=message, info=info,
+                               timeout=timeout)
 
 
 def reembed(writer: "Writer", encoders: "Encoders", model: Any, *, steps: int = 0,
             tag: str | None = None, message: str = "", info: dict | None = None,
-            engine: Any = None) -> tuple[int, int]:
+            engine: Any = None, timeout: float | None = None) -> tuple[int, int]:
     """Re-embed HEAD's segments with ``model`` (a transformers model) as a new generation
     and commit a version that reads it; returns ``(version id, generation)``.
-    ``engine``: None (this process) or a :class:`npmdb.ingest.ray.RayEngine`."""
-    with writer.hold():
+    ``engine``: None (this process) or a :class:`npmdb.ingest.ray.RayEngine`;
+    ``timeout``: seconds to wait for another writer (None: the handle's)."""
+    with writer.hold(timeout):
         writer.refuse_uncommitted()  # before encoding every segment, not after
         new = _begin(writer, encoders, model)
         encoder = enc_mod.Encoder(writer.root / new.checkpoint, device=encoders.device,

@@ -494,3 +494,61 @@ def test_readonly_and_empty(tiny_db_path, tmp_path, new_db):
     with pytest.raises(ProgrammingError, match="no documents"):
         npmdb.train(new_db, steps=1, progress=False)
     assert no_pickles(path) == []
+
+
+_HOLD = """
+import sys, time
+from pathlib import Path
+import npmdb
+with npmdb.open(sys.argv[1], progress=False, timeout=60) as db:
+    with db.batch():
+        db.add(["Another process adds this while training runs."])
+        Path(sys.argv[2]).write_text("holding")
+        time.sleep(float(sys.argv[3]))
+"""
+
+
+def _hold_lock(path: Path, flag: Path, seconds: float):
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-c", _HOLD, str(path), str(flag), str(seconds)])
+    deadline = time.monotonic() + 60
+    while not flag.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "the holder did not start"
+        time.sleep(0.05)
+    return proc
+
+
+def test_another_writer_fails_training_before_its_first_step_and_refreshes_wait(db_copy,
+                                                                               tmp_path):
+    """Another process holding the writer: training fails before any step (it used to run
+    every step and then lose them all on the final refresh). A writer that takes the lock
+    while training runs makes the refresh wait for it, not fail."""
+    path = db_copy.path
+    db_copy.close()
+    steps = []
+    proc = _hold_lock(path, tmp_path / "held-1", 20)
+    try:
+        with npmdb.open(path, progress=False) as db:
+            with pytest.raises(npmdb.OperationalError, match="locked by another writer"):
+                npmdb.train(db, steps=2, batch_blocks=4, progress=False,
+                            callback=lambda s: steps.append(s["step"]))
+            assert steps == [] and not db.versions()[-1]["message"].startswith("trained")
+    finally:
+        proc.kill()
+        proc.wait()
+    holders = []
+
+    def take_the_lock(stats):  # another process takes the writer mid-run for 3 s
+        if stats["step"] == 1:
+            holders.append(_hold_lock(path, tmp_path / "held-2", 3))
+
+    with npmdb.open(path, progress=False) as db:
+        before = db.version
+        rep = npmdb.train(db, steps=2, batch_blocks=4, refresh_every=0, log_every=1,
+                          progress=False, callback=take_the_lock)
+        assert holders and holders[0].wait(60) == 0
+        assert rep.versions and rep.versions[-1] == db.version > before + 1  # after its add
+        assert db.count() == 1 + db.count(before)

@@ -238,6 +238,10 @@ def _check_writable(db: "Database") -> None:
     if db._writing().in_batch:  # its refreshes commit versions: they would wait on the batch
         raise ProgrammingError("cannot train inside db.batch(): training commits versions of "
                                "its own; train after the batch")
+    # another process's writer now fails (or waits, per the handle's timeout) here, before
+    # the first step; a refresh later waits for one (generations.REFRESH_LOCK_WAIT)
+    with db._writing().hold():
+        pass
 
 
 def _sampler(db: "Database", cfg: TrainConfig, saved: Checkpoint | None
