@@ -428,16 +428,35 @@ def keep_if_better(db: "Database", questions: str | Path | Iterable[Mapping[str,
     if c.after.micro > c.before.micro:
         return Decision(c, True, None, f"kept version {head}: it answers more of the "
                         f"{c.n} questions than version {before}")
-    others = [v["id"] for v in db.versions() if v["id"] > before and v["id"] not in trained]
-    if others:
-        return Decision(c, True, None, (
-            f"kept version {head} although it answers no more of the questions than version "
-            f"{before}: version(s) {', '.join(map(str, others))} were committed after "
-            f"{before} by something other than this training run, and a restore would undo "
-            f"them; `npmdb restore DB {before}` (db.restore({before})) restores it by hand"))
-    restored = db.restore(before, message=(
-        f"kept version {before}: the trained version {head} answers {c.after.micro:.1f} % "
-        f"of {c.n} questions ({c.before.micro:.1f} % before)"))
+    with db._writing().hold():  # nothing commits between the checks and the restore
+        why = _other_changes(db, before, head, trained)
+        if why:
+            return Decision(c, True, None, (
+                f"kept version {db.version} although version {head} answers no more of the "
+                f"questions than version {before}: {why}, and a restore would undo that; "
+                f"`npmdb restore DB {before}` (db.restore({before})) restores it by hand"))
+        restored = db.restore(before, message=(
+            f"kept version {before}: the trained version {head} answers "
+            f"{c.after.micro:.1f} % of {c.n} questions ({c.before.micro:.1f} % before)"))
     return Decision(c, False, restored, (
         f"restored: version {restored} equals version {before} (HEAD before training); "
         f"the trained version {head} stays readable (AS OF {head})"))
+
+
+def _other_changes(db: "Database", before: int, head: int, trained: Sequence[int]) -> str:
+    """Why restoring ``before`` would undo something other than the training run ("": it
+    would not). A run's refreshes change only the embedding generation; a version that is
+    not the run's, or documents that differ from ``before``'s (another writer's change,
+    even one whose own version a vacuum has since dropped), would be undone."""
+    if db.version != head:
+        return f"version {db.version} was committed while the questions were asked"
+    others = [v["id"] for v in db.versions() if v["id"] > before and v["id"] not in trained]
+    if others:
+        return (f"version(s) {', '.join(map(str, others))} were committed after {before} by "
+                "something other than this training run")
+    with db.snapshot(before) as a, db.snapshot(head) as b:
+        if (a.manifest.segments, a.manifest.deleted) != (b.manifest.segments,
+                                                         b.manifest.deleted):
+            return (f"the documents of version {head} are not those of version {before}: "
+                    "something other than this training run changed them")
+    return ""

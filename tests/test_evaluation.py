@@ -116,25 +116,51 @@ def test_evaluation_module_reachable_from_bare_import():
     assert out.stdout.strip() == "compare"
 
 
-def test_keep_if_better(planted):
+def _reembed(db, tiny_encoder) -> int:
+    """A training refresh's kind of version: new vectors (a noisy copy of the encoder),
+    the same documents."""
+    import torch
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(tiny_encoder)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))
+    return db.write_generation(model)[0]
+
+
+def test_keep_if_better(planted, tiny_encoder):
     with npmdb.open(planted, progress=False) as db:
-        # "training" made version 2 (Salem's entry gone: 25 % against 50 %): restored;
-        # ``before`` may be a tag or a digit string, as any version reference
-        db.tag("start", 1)
-        d = keep_if_better(db, QUESTIONS, before="start", trained=[2], progress=False)
-        assert not d.kept and d.restored_as == 3 == db.version
-        assert "restored: version 3 equals version 1" in str(d) and "AS OF 2" in str(d)
-        assert npmdb.evaluate(db, QUESTIONS, progress=False).micro == pytest.approx(50.0)
-        assert db.versions()[-1]["message"].startswith("kept version 1: the trained version 2")
-        # version 3 answers more than version 2: kept, nothing committed
-        d = keep_if_better(db, QUESTIONS, before=2, trained=[3], progress=False)
-        assert d.kept and d.restored_as is None and db.version == 3
+        # a run's version (2 -> 3: new vectors, the same documents) that answers no more
+        # (25 % both): restored; ``before`` may be a tag or a digit string
+        db.tag("start", 2)
+        trained = _reembed(db, tiny_encoder)
+        d = keep_if_better(db, QUESTIONS, before="start", trained=[trained], progress=False)
+        assert not d.kept and d.restored_as == 4 == db.version
+        assert "restored: version 4 equals version 2" in str(d) and "AS OF 3" in str(d)
+        assert db.versions()[-1]["message"].startswith("kept version 2: the trained version 3")
+        # HEAD answers more than ``before`` (Salem's entry back: 50 % against 25 %): kept
+        back = db.restore(1)
+        d = keep_if_better(db, QUESTIONS, before=2, trained=[back], progress=False)
+        assert d.kept and d.restored_as is None and db.version == back
         assert d.comparison.delta == pytest.approx(25.0)
-        # no better, but version 3 came from elsewhere: restoring 2 would undo it
-        db.delete("salem")
-        d = keep_if_better(db, QUESTIONS, before=2, trained=[4], progress=False)
-        assert d.kept and d.restored_as is None and db.version == 4
-        assert "version(s) 3 were committed after 2" in d.reason
+        # no better, but another writer's version came between: restoring would undo it
+        db.tag("five", back)
+        db.delete("oslo")
+        other = db.version
+        trained = _reembed(db, tiny_encoder)
+        d = keep_if_better(db, QUESTIONS, before="five", trained=[trained], progress=False)
+        assert d.kept and d.restored_as is None and db.version == trained
+        assert f"version(s) {other} were committed after {back}" in d.reason
+        # the same once a vacuum has dropped that version: the documents tell
+        db.vacuum()
+        assert other not in [v["id"] for v in db.versions()]
+        d = keep_if_better(db, QUESTIONS, before="five", trained=[trained], progress=False)
+        assert d.kept and d.restored_as is None and db.version == trained
+        assert (f"the documents of version {trained} are not those of version {back}"
+                in d.reason)
+        assert db.get("oslo") is None
         with pytest.raises(npmdb.ProgrammingError, match="committed none"):
             keep_if_better(db, QUESTIONS, before=3, trained=[])
 
