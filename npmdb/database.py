@@ -409,7 +409,9 @@ class Database:
                title: bool = False) -> list[dict[str, Any]]:
         """BM25 search over blocks: ``[{doc_id, title, block, score, snippet}]``.
         ``title=True`` matches the document titles too (what ``fill_mask``'s BM25
-        retrieval does by default, ``bm25_title``)."""
+        retrieval does by default, ``bm25_title``). ``block`` numbers the block within its
+        segment: it changes when ``optimize`` merges segments; ``doc_id`` and the snippet
+        name the block for good."""
         if not isinstance(text, str):
             raise ProgrammingError(f"search text must be a str, not {type(text).__name__}")
         check_text(text, "the search text")
