@@ -179,8 +179,8 @@ class BM25Index:
         if not terms or n <= 0 or self.num_docs == 0:
             return []
         if stats is not None:
-            top = _Rescoring(self, terms, docs, stats, fields).top(n)
-            return [h if text_scores else h[:3] for h in top]
+            top = search_segments([self], terms, n, docs=[docs], stats=stats, fields=fields)
+            return [h[1:] if text_scores else h[1:4] for h in top]
         res = self.searcher.search(self.query(terms, docs=docs, fields=fields),
                                    limit=min(n, self.num_docs), count=False)
         hits = self._rows([a for _, a in res.hits], [s for s, _ in res.hits])
@@ -226,7 +226,9 @@ class _Rescoring:
     """One segment's search with the version's statistics (:class:`BM25Index`). The
     boosted query ranks by the global IDFs but with this segment's average lengths; a
     block's rescored figure is at most ``ratio`` times its boosted score (a term's length
-    norm grows with the average length, by at most the ratio of the two averages)."""
+    norm grows with the average length, by at most the ratio of the two averages), so
+    ``bound`` (``ratio`` times the last boosted score fetched) caps every block not
+    fetched yet."""
 
     def __init__(self, ix: BM25Index, terms: Sequence[str], docs: Sequence[int] | None,
                  stats: Mapping[str, FieldStats], fields: Sequence[str]) -> None:
@@ -238,39 +240,26 @@ class _Rescoring:
         self.avg = {f: stats[f].avgdl for f in fields}
         own = {f: ix.avgdl(f, terms) for f in fields}
         self.ratio = max([self.avg[f] / own[f] for f in fields if own[f] > 0] + [1.0])
-        self.rescored: dict[tuple[int, int], tuple[float, float, Any]] = {}
+        self.fetched = 0
+        self.bound: float | None = math.inf if ix.num_docs else None  # None: exhausted
 
-    def bound(self) -> float | None:
-        """At least the rescored score of every block (None: no block matches)."""
-        if self.ix.num_docs == 0:
-            return None
-        hits = self.ix.searcher.search(self.wanted, limit=1, count=False).hits
-        return self.ratio * hits[0][0] if hits else None
-
-    def top(self, n: int, floor: float = -math.inf) -> list[tuple[int, int, float, float]]:
-        """The top ``n`` blocks, rescored, as ``(block, doc, score, text score)``; the
-        search widens until no block below the last one fetched can reach the ``n``-th
-        rescored score (or ``floor``: a score other segments already reached)."""
-        ix, limit = self.ix, n
-        while ix.num_docs:
-            limit = min(limit, ix.num_docs)
-            hits = ix.searcher.search(self.wanted, limit=limit, count=False).hits
-            for _, a in hits:
-                key = (a.segment_ord, a.doc)
-                if key not in self.rescored:
-                    self.rescored[key] = (*_rescore(_explain(self.scored, ix.searcher, a),
-                                                    self.avg), a)
-            if len(hits) < limit or limit == ix.num_docs:
-                break  # every matching block is in
-            best = sorted((r[0] for r in self.rescored.values()), reverse=True)
-            reach = max(best[n - 1] if len(best) >= n else -math.inf, floor)
-            if self.ratio * hits[-1][0] * (1 + _SLACK) < reach:
-                break
-            limit *= 2
-        found = list(self.rescored.values())
-        rows = ix._rows([r[2] for r in found], [r[0] for r in found])
-        top = sorted(zip(rows, found), key=lambda x: (-x[0][2], x[0][0]))[:n]
-        return [(*h, r[1]) for h, r in top]
+    def more(self, page: int) -> list[tuple[int, int, float, float]]:
+        """The next ``page`` blocks in boosted order, rescored, as ``(block, doc, score,
+        text score)``; updates :attr:`bound`."""
+        ix = self.ix
+        limit = min(self.fetched + page, ix.num_docs)
+        hits = ix.searcher.search(self.wanted, limit=limit, count=False).hits
+        new = hits[self.fetched:]
+        self.fetched = limit
+        if len(hits) < limit or limit == ix.num_docs or not hits:
+            self.bound = None  # every matching block is in
+        else:
+            self.bound = self.ratio * hits[-1][0] * (1 + _SLACK)
+        if not new:
+            return []
+        scores = [_rescore(_explain(self.scored, ix.searcher, a), self.avg) for _, a in new]
+        rows = ix._rows([a for _, a in new], [sc[0] for sc in scores])
+        return [(*row, sc[1]) for row, sc in zip(rows, scores)]
 
 
 def search_segments(indexes: Sequence[BM25Index], terms: Sequence[str], n: int, *,
@@ -279,22 +268,27 @@ def search_segments(indexes: Sequence[BM25Index], terms: Sequence[str], n: int, 
     """The top ``n`` blocks of several segments scored as one index (``stats``: each
     field's statistics over every segment of the version; ``docs``: each segment's
     allowed documents, None for all) as ``(segment, block, doc, score, text score)``,
-    best first. Segments are searched in the order of their bounds, and the search
-    stops at the first whose bound cannot reach the ``n``-th score found."""
+    best first (ties: segment, then block). The threshold algorithm: the segment whose
+    unfetched blocks could score highest gives its next page, until the ``n``-th score
+    found is above every segment's bound, so only blocks that could reach the top are
+    rescored."""
     if not terms or n <= 0:
         return []
-    runs = [(i, _Rescoring(ix, terms, d, stats, fields))
+    runs = {i: _Rescoring(ix, terms, d, stats, fields)
             for i, (ix, d) in enumerate(zip(indexes, docs, strict=True))
-            if d is None or len(d)]
-    bounds = sorted(((b, i, r) for i, r in runs if (b := r.bound()) is not None),
-                    key=lambda x: (-x[0], x[1]))
+            if d is None or len(d)}
+    page = {i: 1 for i in runs}  # a first look at each segment gives its first bound
     best: list[tuple[int, int, int, float, float]] = []
-    for bound, i, run in bounds:
-        reach = best[n - 1][3] if len(best) >= n else -math.inf
-        if bound * (1 + _SLACK) < reach:
+    key = lambda h: (-h[3], h[0], h[1])  # noqa: E731
+    while True:
+        open_ = [(r.bound, i) for i, r in runs.items() if r.bound is not None]
+        if not open_:
             break
-        best = sorted(best + [(i, *h) for h in run.top(n, reach)],
-                      key=lambda h: (-h[3], h[0], h[1]))[:n]
+        bound, i = max(open_, key=lambda x: (x[0], -x[1]))
+        if len(best) >= n and bound < best[n - 1][3]:
+            break  # no block left anywhere can reach the top n
+        best = sorted(best + [(i, *h) for h in runs[i].more(page[i])], key=key)[:n]
+        page[i] = min(max(2 * page[i], 8), n)
     return best
 
 
