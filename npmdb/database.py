@@ -82,13 +82,18 @@ def open(path: str | os.PathLike, *, encoder: str | os.PathLike | None = None,
 DEFAULT_BLOCK_LEN = 256
 
 
-def _check_codec(name: Any) -> None:
-    """A codec option names a known codec: a bad name is the caller's mistake
-    (ProgrammingError; a damaged stored name stays a DataError)."""
+def _check_codec(name: Any, dim: int | None = None) -> None:
+    """A codec option names a known codec that fits vectors of ``dim``: a bad one is the
+    caller's mistake (ProgrammingError; a damaged stored name stays a DataError)."""
     try:
         C.get_codec(name)
+        if dim is not None:
+            C.check_fits(name, dim)
     except DataError as exc:
-        raise ProgrammingError(str(exc)) from None
+        fits = [m for m in range(1, dim + 1) if dim % m == 0] if dim else []
+        hint = (f"; for {dim}-dimensional vectors use pq or pqM with M one of "
+                f"{', '.join(map(str, fits))}" if fits and str(name).startswith("pq") else "")
+        raise ProgrammingError(f"{exc}{hint}") from None
 
 
 class Database:
@@ -96,7 +101,7 @@ class Database:
 
     def __init__(self, path: str | os.PathLike, *, encoder: str | os.PathLike | None = None,
                  create: bool = True, readonly: bool = False, block_len: int | None = None,
-                 codec: str = C.AUTO, dense: str = AUTO, index: str | None = None,
+                 codec: str | None = None, dense: str = AUTO, index: str | None = None,
                  timeout: float = 0.0,
                  progress: bool | None = None, device: str | None = None,
                  dense_params: DenseParams | None = None, engine: str | None = None,
@@ -110,7 +115,8 @@ class Database:
         self.progress = progress
         self.device = device
         self.dense_params = dense_params or DenseParams()
-        asked_index = index
+        asked_index, asked_codec = index, codec
+        codec = C.AUTO if codec is None else codec
         if index is not None:
             dense = _index_kind(index)
         self._closed = True
@@ -148,6 +154,11 @@ class Database:
                         f"{self.path} writes {self.config.get('dense')!r} indexes, not "
                         f"{asked_index!r}: open it without index= and convert with "
                         f"db.optimize(index={asked_index!r})")
+                if asked_codec is not None and self.config.get("codec") != asked_codec:
+                    raise ProgrammingError(
+                        f"{self.path} writes {self.config.get('codec')!r} vectors, not "
+                        f"{asked_codec!r}: open it without codec= and convert with "
+                        f"db.optimize(codec={asked_codec!r})")
             if not readonly:
                 self._writer = Writer(self.env, self.path, self.config, self._readers,
                                       params=self.dense_params, timeout=timeout,
@@ -175,11 +186,13 @@ class Database:
 
     def _create(self, encoder, *, block_len: int | None, codec: str, dense: str) -> None:
         if codec != C.AUTO:
-            _check_codec(codec)
+            _check_codec(codec)  # the name first: before the encoder is read
         if dense not in SEGMENT_KINDS + (AUTO,):
             raise ProgrammingError(f"dense must be one of {SEGMENT_KINDS + (AUTO,)}, got "
                                    f"{dense!r}")
         info = enc_mod.describe(encoder)
+        if codec != C.AUTO:
+            _check_codec(codec, info.hidden_size)
         limit = enc_mod.block_limit(info.path)  # the encoder's positions less [CLS], [SEP]
         if block_len is None:
             block_len = min(DEFAULT_BLOCK_LEN, limit)
@@ -627,7 +640,7 @@ class Database:
             if not isinstance(codec, str):
                 raise ProgrammingError(f"codec must be a codec name, got {codec!r}")
             if codec != C.AUTO:
-                _check_codec(codec)
+                _check_codec(codec, int(self.config["dim"]))
         return maintenance.optimize(self._writing(), message, index=kind, codec=codec,
                                     retrain=retrain)
 

@@ -180,14 +180,18 @@ def _validate(spec) -> None:
             f"{type(spec.doc_filter).__name__}: to restrict the documents a query reads, use "
             "SQL, e.g. db.sql(\"SELECT phrase FROM MASKED(?) WHERE doc.id IN ('a', 'b')\", "
             "[query])")
-    for name in ("tau",):
+    # numbers: numpy's too (a value read from a data frame), as Python floats
+    for name in ("tau", "alpha", "bm25_prior"):
+        if not hasattr(spec, name):
+            continue
         v = getattr(spec, name)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-            raise ProgrammingError(f"{name} must be a positive number, got {v!r}")
-    for name in ("alpha", "bm25_prior"):
-        v = getattr(spec, name, 0.0)
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ProgrammingError(f"{name} must be a number, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise ProgrammingError(f"{name} must be a {'positive ' if name == 'tau' else ''}"
+                                   f"number, got {v!r}")
+        if not isinstance(v, (int, float)):  # numpy's: as a Python float
+            object.__setattr__(spec, name, float(v))
+    if not spec.tau > 0:
+        raise ProgrammingError(f"tau must be a positive number, got {spec.tau!r}")
     # NaN, infinite or extreme values give NaN or infinite scores (or overflow when
     # occurrences are summed), not answers
     for name, (lo, hi) in RANGES.items():

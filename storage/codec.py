@@ -18,6 +18,7 @@ __all__ = [
     "VectorCodec", "Float16Codec",
     "Int8Codec", "Int4Codec", "PQCodec", "PQSpec", "get_codec", "load_codec", "save_codec_state",
     "is_stateful", "CODECS", "CODEC_STATE_KEY", "AUTO", "LARGE_CODEC", "resolve_codec",
+    "check_fits",
 ]
 
 # -- vector codecs -----------------------------------------------------------------------
@@ -389,6 +390,16 @@ def load_codec(env, name: str):
         raise OperationalError(f"the state of codec {name!r} is missing from {env.path}: the "
                                "database is incomplete")
     return found if found is not None else spec
+
+
+def check_fits(name: str, dim: int) -> None:
+    """A DataError unless the codec ``name`` can code ``dim``-dimensional vectors (PQ's
+    sub-quantisers must divide the dimension)."""
+    spec = _pq_spec(name)
+    if spec is not None:
+        spec.sub_quantizers(dim)
+    else:
+        get_codec(name).bytes_per_vector(dim)
 
 
 def _pq_spec(name: str) -> "PQSpec | None":

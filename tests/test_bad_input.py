@@ -281,6 +281,10 @@ def test_numpy_integers_are_integers(db):
     assert [(a.text, a.score) for a in got] == [(a.text, a.score) for a in want]
     with pytest.raises(npmdb.ProgrammingError, match="top must be an integer"):
         db.fill_mask(Q, top=np.float64(3))
+    # a numpy float is a number where a number is asked for
+    want = db.fill_mask(Q, top=3, tau=0.5, alpha=0.25)
+    got = db.fill_mask(Q, top=3, tau=np.float32(0.5), alpha=np.float64(0.25))
+    assert [(a.text, a.score) for a in got] == [(a.text, a.score) for a in want]
     with pytest.raises(npmdb.ProgrammingError, match="no version -1"):
         db.fill_mask(Q, version=np.int64(-1))
 

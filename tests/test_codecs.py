@@ -240,3 +240,24 @@ def test_auto_codec_compacts_a_large_corpus_and_optimize_converts(tmp_path, tiny
         assert db.config["codec"] == "int8"
         assert [a.text for a in db.fill_mask(QUERY, top=3, exact=True)][0] == want[0]
         assert db.check().ok
+
+
+def test_a_codec_that_does_not_fit_the_encoder_is_refused_up_front(tmp_path, tiny_encoder):
+    """pqM must divide the encoder's width: refused at open (nothing created) and by
+    optimize, not by every later add; reopening with another codec is refused as another
+    index is, not ignored."""
+    path = tmp_path / "db"
+    with pytest.raises(npmdb.ProgrammingError, match=r"3 sub-quantisers do not divide dim "
+                                                     r"32; .* M one of 1, 2, 4, 8, 16, 32"):
+        npmdb.open(path, encoder=tiny_encoder, codec="pq3")
+    assert not path.exists()
+    with npmdb.open(path, encoder=tiny_encoder, codec="float16", progress=False) as db:
+        db.add(["Salem is the capital of Oregon."])
+        with pytest.raises(npmdb.ProgrammingError, match="do not divide dim 32"):
+            db.optimize(codec="pq64")
+        assert len(db.versions()) == 1
+    with pytest.raises(npmdb.ProgrammingError, match=r"writes 'float16' vectors, not 'int8'.*"
+                                                     r"db.optimize\(codec='int8'\)"):
+        npmdb.open(path, codec="int8")
+    with npmdb.open(path, codec="float16", progress=False) as db:  # the same: fine
+        assert db.count() == 1

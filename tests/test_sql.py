@@ -561,6 +561,8 @@ def test_versions_tags_and_as_of(new_db, sample_corpus):
     assert new_db.sql("SELECT phrase FROM MASKED(?)", [Q]).version == second
     with pytest.raises(QueryParseError, match="no version or tag named 'frist'; did you mean 'first'"):
         new_db.sql("SELECT phrase FROM MASKED(?) AS OF 'frist'", [Q])
+    with pytest.raises(QueryParseError, match="no version or tag named 'frist'"):
+        new_db.sql("EXPLAIN ANALYZE SELECT phrase FROM MASKED(?) AS OF 'frist'", [Q])
 
 
 # ---------------------------------------------------------------- parameters
