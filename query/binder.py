@@ -229,8 +229,9 @@ class _Binder:
                     self.fail(e, f"ORDER BY {e.value}: no such select item (the select list "
                                  f"has {len(cols)}, and a '*' item cannot be named by position)")
                 e = cols[e.value - 1].expr
-            elif isinstance(e, A.Name) and len(e.parts) == 1 and e.parts[0] in aliases \
-                    and e.parts[0] not in self.scope:
+            elif isinstance(e, A.Name) and len(e.parts) == 1 and e.parts[0] in aliases:
+                # the output column wins over a source column of the same name (as in
+                # SQL: ORDER BY names what the result shows)
                 e = aliases[e.parts[0]].expr
             if isinstance(e, A.Literal):
                 self.fail(o, "ORDER BY a constant orders nothing; name a column")

@@ -320,6 +320,12 @@ def test_order_by(db, everything):
     want = sorted(answers, key=lambda a: (-len(a.text.split()), -a.score))[:4]
     assert [r[0] for r in res.rows] == [a.text for a in want]
     assert [r[1] for r in res.rows] == [len(a.text.split()) for a in want]
+    # an alias that is also a source column's name: ORDER BY names the column shown
+    res = top("SELECT phrase, score AS support FROM MASKED(?) WITH evidence = 0 "
+              "ORDER BY support DESC LIMIT 6")
+    assert [r[1] for r in res.rows] == sorted((r[1] for r in res.rows), reverse=True)
+    assert [r[0] for r in res.rows] == [a.text for a in sorted(answers,
+                                                               key=lambda a: -a.score)[:6]]
 
 
 def test_projection_columns(db):
