@@ -371,7 +371,8 @@ def _doc_row(d: Any) -> Row:
 
 def _answer_row(g: Any) -> Row:
     return {"phrase": g.text, "score": float(g.score), "support": g.support,
-            "tokens": g.n_tokens, "length": len(g.text.split())}
+            "tokens": g.n_tokens, "length": len(g.text.split()),
+            "answer_score": float(g.score)}  # EVIDENCE's name for the answer's score
 
 
 def _output_row(g: Any, snap: Any, rank: int) -> Row:

@@ -372,7 +372,7 @@ _DOC_FIELDS = {"id": _TEXT, "title": _TEXT, "text": _TEXT, "meta": _ANY}
 #: Columns known while answers are filtered (before LIMIT), for MASKED/TOKENS/CLASSIFY.
 ANSWER_LEVEL = frozenset(p for p, _ in _ANSWER.values())
 #: EVIDENCE columns that belong to the answer rather than to one occurrence.
-EVIDENCE_ANSWER_LEVEL = frozenset({("phrase",), ("support",)})
+EVIDENCE_ANSWER_LEVEL = frozenset({("phrase",), ("support",), ("answer_score",)})
 
 #: ``SELECT *`` per source.
 _STAR = {

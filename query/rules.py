@@ -150,8 +150,9 @@ def push_document_predicates(plan: Node, text: str = "") -> tuple[Node, str | No
 
 def split_answer_predicates(plan: Node, text: str = "") -> tuple[Node, str | None]:
     """What WHERE keeps after the document terms: on MASKED/TOKENS/CLASSIFY it filters
-    answers (before ORDER BY/LIMIT); on EVIDENCE the answer terms (phrase, support)
-    filter answers and the rest filters occurrence rows; on SEARCH it filters rows."""
+    answers (before ORDER BY/LIMIT); on EVIDENCE the answer terms (phrase, support,
+    answer_score) filter answers and the rest filters occurrence rows; on SEARCH it
+    filters rows."""
     nodes = chain(plan)
     i = _index(nodes, Filter, level="where")
     if i is None:

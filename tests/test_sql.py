@@ -470,6 +470,14 @@ def test_evidence_row_predicates_and_order(db):
     res = db.sql("SELECT phrase, doc_id, score, tokens FROM EVIDENCE(?) WHERE score > ? "
                  "ORDER BY doc_id DESC LIMIT 2", [Q, 0.002])
     assert len(want) > 2 and list(res.rows) == want[:2]
+    # answer_score is the answer's: it chooses answers before the top-5 cut, as phrase does
+    answers = db.fill_mask(Q, top=0, evidence=0)
+    cut = answers[4].score  # below the fifth answer's score: answers past the top 5
+    res = db.sql("SELECT phrase, answer_score FROM EVIDENCE(?) WHERE answer_score < ?",
+                 [Q, cut])
+    assert res.rows and all(r[1] < cut for r in res.rows)
+    assert {r[0] for r in res.rows} == {a.text for a in answers if a.score < cut}.intersection(
+        a.text for a in [a for a in answers if a.score < cut][:5])
 
 
 @pytest.mark.parametrize("query", [
