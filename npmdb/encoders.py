@@ -90,11 +90,11 @@ class Encoders:
                 "its config or weights changed or were damaged, and no installed encoder "
                 "has the recorded weights; restore that directory, or open with "
                 "encoder='/path/to/the/original'")
-        if info.tokenizer and enc_mod.fingerprint_tokenizer(path) != info.tokenizer:
+        tok = enc_mod.fingerprint_tokenizer(path) if info.tokenizer else ""
+        if tok != info.tokenizer:
             raise OperationalError(
                 f"the tokenizer of embedding generation {gen} at {path} is not the one that "
-                f"made its vectors (its files changed: sha256 "
-                f"{enc_mod.fingerprint_tokenizer(path)[:12]}…, recorded "
+                f"made its vectors (its files changed: sha256 {tok[:12]}…, recorded "
                 f"{info.tokenizer[:12]}…); the same weights would read the text as other "
                 "tokens. Restore the tokenizer files (vocab, tokenizer.json, "
                 "tokenizer_config.json), or open with encoder='/path/to/the/original'")

@@ -206,13 +206,8 @@ class Exchange(Operator):
     def _stats(op: BM25Blocks, parts: list[dict]) -> dict[str, FieldStats]:
         """Each field's statistics over every shard (summed, as
         :func:`~npmdb.storage.bm25.field_stats` sums segments')."""
-        out = {}
-        for f in op.fields:
-            total = parts[0]["stats"][f]
-            for r in parts[1:]:
-                total = total + r["stats"][f]
-            out[f] = total
-        return out
+        return {f: sum((r["stats"][f] for r in parts[1:]), parts[0]["stats"][f])
+                for f in op.fields}
 
     def _merge_retrieval(self, st: ExecState, ops: list[Operator], qv: dict,
                          found: list[dict]) -> dict[int, Any]:

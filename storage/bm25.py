@@ -161,13 +161,16 @@ class BM25Index:
                         continue
                     q = tantivy.Query.boost_query(q, float(idf[f][i] / bm25_idf(df, n_docs)))
                 shoulds.append((tantivy.Occur.Should, q))
-        q = tantivy.Query.boolean_query(shoulds)
-        if docs is not None:
-            # a non-scoring filter: BM25 scores stay those of the unfiltered query
-            allowed = tantivy.Query.const_score_query(
-                tantivy.Query.term_set_query(self.schema, "doc", [int(d) for d in docs]), 0.0)
-            q = tantivy.Query.boolean_query([(tantivy.Occur.Must, q), (tantivy.Occur.Must, allowed)])
-        return q
+        return self.only_docs(tantivy.Query.boolean_query(shoulds), docs)
+
+    def only_docs(self, q: tantivy.Query, docs: Sequence[int] | None) -> tantivy.Query:
+        """``q`` restricted to ``docs`` (None: all) by a non-scoring filter: BM25 scores
+        stay those of the unfiltered query."""
+        if docs is None:
+            return q
+        allowed = tantivy.Query.const_score_query(
+            tantivy.Query.term_set_query(self.schema, "doc", [int(d) for d in docs]), 0.0)
+        return tantivy.Query.boolean_query([(tantivy.Occur.Must, q), (tantivy.Occur.Must, allowed)])
 
     def search(self, terms: Sequence[str], n: int, *, docs: Sequence[int] | None = None,
                stats: Mapping[str, FieldStats] | None = None,
@@ -231,15 +234,14 @@ class _Rescoring:
     fetched yet."""
 
     def __init__(self, ix: BM25Index, terms: Sequence[str], docs: Sequence[int] | None,
-                 stats: Mapping[str, FieldStats], fields: Sequence[str]) -> None:
-        idf = {f: stats[f].idf() for f in fields}
+                 idf: Mapping[str, Sequence[float]], avg: Mapping[str, float],
+                 fields: Sequence[str]) -> None:
         self.ix = ix
         self.scored = ix.query(terms, idf=idf, fields=fields)   # the unfiltered query
-        self.wanted = (self.scored if docs is None
-                       else ix.query(terms, docs=docs, idf=idf, fields=fields))
-        self.avg = {f: stats[f].avgdl for f in fields}
+        self.wanted = ix.only_docs(self.scored, docs)
+        self.avg = avg  # the version's average length of each field
         own = {f: ix.avgdl(f, terms) for f in fields}
-        self.ratio = max([self.avg[f] / own[f] for f in fields if own[f] > 0] + [1.0])
+        self.ratio = max([avg[f] / own[f] for f in fields if own[f] > 0] + [1.0])
         self.fetched = 0
         self.bound: float | None = math.inf if ix.num_docs else None  # None: exhausted
 
@@ -251,7 +253,7 @@ class _Rescoring:
         hits = ix.searcher.search(self.wanted, limit=limit, count=False).hits
         new = hits[self.fetched:]
         self.fetched = limit
-        if len(hits) < limit or limit == ix.num_docs or not hits:
+        if len(hits) < limit or limit == ix.num_docs:
             self.bound = None  # every matching block is in
         else:
             self.bound = self.ratio * hits[-1][0] * (1 + _SLACK)
@@ -274,7 +276,9 @@ def search_segments(indexes: Sequence[BM25Index], terms: Sequence[str], n: int, 
     rescored."""
     if not terms or n <= 0:
         return []
-    runs = {i: _Rescoring(ix, terms, d, stats, fields)
+    idf = {f: stats[f].idf() for f in fields}
+    avg = {f: stats[f].avgdl for f in fields}
+    runs = {i: _Rescoring(ix, terms, d, idf, avg, fields)
             for i, (ix, d) in enumerate(zip(indexes, docs, strict=True))
             if d is None or len(d)}
     page = {i: 1 for i in runs}  # a first look at each segment gives its first bound
@@ -340,7 +344,5 @@ def bm25_idf(df: int, n_docs: int) -> float:
 def field_stats(indexes: Sequence[BM25Index], terms: Sequence[str], field: str = "text"
                 ) -> FieldStats:
     """The :class:`FieldStats` of ``field`` over all ``indexes`` together."""
-    total = FieldStats(0, 0, (0,) * len(terms))
-    for ix in indexes:
-        total = total + ix.field_stats(terms, field)
-    return total
+    return sum((ix.field_stats(terms, field) for ix in indexes),
+               FieldStats(0, 0, (0,) * len(terms)))
