@@ -31,7 +31,7 @@ __all__ = [
     "AssembleSpans", "ScoreSpans", "ScoreTokens", "Aggregate", "ClassifyLabels",
     "FilterAnswers", "OrderBy", "Limit", "AttachEvidence", "Surfaces",
     "Located", "locate", "locate_in", "snippet", "surface", "span_sims", "token_sims", "scores_from_sims",
-    "widen_to_words", "block_prior",
+    "token_scores", "widen_to_words", "block_prior",
 ]
 
 # -- phrase assembly and scoring ------------------------------------------------------------
@@ -171,10 +171,28 @@ class ScoreSpans(Operator):
         if self.prior:
             bonus = self.prior * block_prior(st, self, sp.seg, sp.s)
             sims_s, sims_e = _with_prior(sims_s, inv_s, bonus), _with_prior(sims_e, inv_e, bonus)
-        score, _, _ = S.span_scores(inv_s, inv_e, sims_s, sims_e, tau=self.tau,
-                                    scoring=self.scoring)
+        score, logs = _span_scores(inv_s, inv_e, sims_s, sims_e, self.tau, self.scoring)
         st.info["unique_starts"], st.info["unique_ends"] = len(sims_s), len(sims_e)
-        return replace(sp, score=score)
+        return replace(sp, score=score, log_score=logs)
+
+
+def _span_scores(inv_s: np.ndarray, inv_e: np.ndarray, sims_s: np.ndarray,
+                 sims_e: np.ndarray, tau: float, scoring: str
+                 ) -> tuple[np.ndarray, np.ndarray | None]:
+    """NPM's span scores, and their logs where some underflowed (``npm`` scoring only)."""
+    score, _, _ = S.span_scores(inv_s, inv_e, sims_s, sims_e, tau=tau, scoring=scoring)
+    return score, (S.span_log_scores(inv_s, inv_e, sims_s, sims_e, tau=tau)
+                   if scoring == "npm" and _underflows(score) else None)
+
+
+def token_scores(sims: np.ndarray, tau: float) -> tuple[np.ndarray, np.ndarray | None]:
+    """Token mode's softmax, and its logs where some underflowed."""
+    score = S.softmax(sims, tau)
+    return score, S.log_softmax(sims, tau) if _underflows(score) else None
+
+
+def _underflows(score: np.ndarray) -> bool:
+    return bool(len(score)) and float(score.min()) < S.TINY
 
 
 def _with_prior(sims: np.ndarray, inv: np.ndarray, bonus: np.ndarray) -> np.ndarray:
@@ -186,11 +204,12 @@ def _with_prior(sims: np.ndarray, inv: np.ndarray, bonus: np.ndarray) -> np.ndar
 
 
 def scores_from_sims(occ: Occurrences, tau: float, scoring: str, prior: np.ndarray | None = None
-                     ) -> tuple[np.ndarray, int, int]:
+                     ) -> tuple[np.ndarray, np.ndarray | None, int, int]:
     """:class:`ScoreSpans`' scores from each occurrence's similarities (gathered from
     shards): the unique starts and ends in (segment, position) order, as one process
     finds them, then NPM's span score, with ``prior`` (per occurrence, already weighted)
-    added to both similarities. Returns the scores and the unique counts."""
+    added to both similarities. Returns the scores, their logs where some underflowed,
+    and the unique counts."""
     key_s = occ.seg * (1 << 40) + occ.s
     key_e = occ.seg * (1 << 40) + occ.e
     us, first_s, inv_s = np.unique(key_s, return_index=True, return_inverse=True)
@@ -198,8 +217,8 @@ def scores_from_sims(occ: Occurrences, tau: float, scoring: str, prior: np.ndarr
     sims_s, sims_e = occ.sim_s[first_s], occ.sim_e[first_e]
     if prior is not None:
         sims_s, sims_e = _with_prior(sims_s, inv_s, prior), _with_prior(sims_e, inv_e, prior)
-    score, _, _ = S.span_scores(inv_s, inv_e, sims_s, sims_e, tau=tau, scoring=scoring)
-    return score, len(us), len(ue)
+    score, logs = _span_scores(inv_s, inv_e, sims_s, sims_e, tau, scoring)
+    return score, logs, len(us), len(ue)
 
 
 def span_sims(snap: Any, sp: Occurrences) -> tuple[Occurrences, tuple]:
@@ -241,46 +260,65 @@ class ScoreTokens(Operator):
         sims = occ.sim_s
         if self.prior:
             sims = sims + self.prior * block_prior(st, self, occ.seg, occ.s)
-        return replace(occ, score=S.softmax(sims, self.tau))
+        score, logs = token_scores(sims, self.tau)
+        return replace(occ, score=score, log_score=logs)
 
 
 # -- aggregation ----------------------------------------------------------------------------
 
 
 def _make_groups(keys: list, texts_of: Callable[[list[int]], list[str]], scores: np.ndarray,
-                 n_tokens: np.ndarray, *, alpha: float = 0.0, top_n: int = 0) -> list[Group]:
+                 n_tokens: np.ndarray, *, alpha: float = 0.0, top_n: int = 0,
+                 logs: np.ndarray | None = None) -> list[Group]:
     """Answers from occurrences: per group the summed score (times ``n_tokens ** alpha``),
     the surface text of its best occurrence, and its members. With ``top_n``, only the
-    ``top_n`` best groups are built (in first-seen order, as a stable sort expects)."""
+    ``top_n`` best groups are built (in first-seen order, as a stable sort expects).
+    ``logs``: the scores' logarithms where some underflowed; groups whose sums did are
+    ranked by their sums in log space (``Group.log_score``)."""
     gid, distinct = S.group_keys(keys)
     if not distinct:
         return []
     sums = np.bincount(gid, weights=scores, minlength=len(distinct))
+    lsums = None if logs is None else S.group_log_sums(gid, len(distinct), logs)
     nt = n_tokens.tolist()
     if not alpha and top_n and top_n <= 32 and top_n < len(distinct):
         # the common ORDER BY score LIMIT n: rank groups by their sums, then find the
         # members and best occurrence of the n kept ones only
-        idx = np.arange(len(distinct))
-        keep = np.sort(np.lexsort((idx, -sums))[:top_n])
+        keep = np.sort(S.rank_order(sums, lsums)[:top_n])
         members = [np.flatnonzero(gid == g) for g in keep.tolist()]
-        best = [int(m[np.argmax(scores[m])]) for m in members]  # ties: first seen
-        return [Group(distinct[g], t, float(sums[g]), nt[b], m) for g, t, b, m in
-                zip(keep.tolist(), texts_of(best), best, members)]
-    by_score = np.lexsort((-scores, gid))          # per group, best first (ties: first seen)
+        best = [_best_of(m, scores, logs) for m in members]
+        return [Group(distinct[g], t, float(sums[g]), nt[b], m, log_score=_log_of(lsums, g))
+                for g, t, b, m in zip(keep.tolist(), texts_of(best), best, members)]
+    # per group, best first (ties: first seen)
+    by_score = np.lexsort((*S.rank_keys(scores, logs), gid))
     order = np.argsort(gid, kind="stable")         # per group, in occurrence order
     cuts = np.flatnonzero(np.diff(gid[order])) + 1
     lo = np.concatenate([[0], cuts])
     hi = np.concatenate([cuts, [len(order)]])
     best = by_score[lo]
-    final = sums * (n_tokens[best].astype(np.float64) ** alpha) if alpha else sums
+    final, lfinal = sums, lsums
+    if alpha:
+        final = sums * (n_tokens[best].astype(np.float64) ** alpha)
+        lfinal = None if lsums is None else lsums + alpha * np.log(n_tokens[best])
     keep = np.arange(len(distinct))
     if top_n and top_n < len(distinct):
-        keep = np.sort(np.lexsort((keep, -final))[:top_n])
+        keep = np.sort(S.rank_order(final, lfinal)[:top_n])
     lo_l, hi_l, best_l, fin_l = lo.tolist(), hi.tolist(), best.tolist(), final.tolist()
     kept = keep.tolist()
     texts = texts_of([best_l[g] for g in kept])
-    return [Group(distinct[g], t, fin_l[g], nt[best_l[g]], order[lo_l[g]:hi_l[g]])
-            for g, t in zip(kept, texts)]
+    return [Group(distinct[g], t, fin_l[g], nt[best_l[g]], order[lo_l[g]:hi_l[g]],
+                  log_score=_log_of(lfinal, g)) for g, t in zip(kept, texts)]
+
+
+def _best_of(members: np.ndarray, scores: np.ndarray, logs: np.ndarray | None) -> int:
+    """The best of a group's occurrences (ties: first seen)."""
+    if logs is None:
+        return int(members[np.argmax(scores[members])])
+    return int(members[S.rank_order(scores[members], logs[members])[0]])
+
+
+def _log_of(lsums: np.ndarray | None, g: int) -> float | None:
+    return None if lsums is None else float(lsums[g])
 
 
 @dataclass(frozen=True)
@@ -313,20 +351,21 @@ class Aggregate(Operator):
         sf = surfaces_of(st, occ)
         keys = sf.group_keys(self.group_by)
         scores, n_tokens = np.asarray(occ.score, np.float64), occ.e - occ.s + 1
+        logs = occ.log_score
         keep = self._keep(st, occ)
         if keep is not None and not self.alpha and 0 < self.top_n <= 32:
-            groups = self._top_kept(keys, sf.texts, scores, n_tokens, st.info, keep)
+            groups = self._top_kept(keys, sf.texts, scores, logs, n_tokens, st.info, keep)
         elif keep is None:
             st.info["answers"] = len(set(keys))
             groups = _make_groups(keys, sf.texts, scores, n_tokens, alpha=self.alpha,
-                                  top_n=self.top_n)
+                                  top_n=self.top_n, logs=logs)
         else:  # the occurrences of kept answers only; group members back to occ's rows
             st.info["answers"] = len(set(keys))
-            sel = np.flatnonzero(self._kept(keys, scores, keep))
+            sel = np.flatnonzero(self._kept(keys, scores, logs, keep))
             groups = _make_groups([keys[i] for i in sel.tolist()],
                                   lambda idx: sf.texts(sel[np.asarray(idx, np.int64)].tolist()),
                                   scores[sel], n_tokens[sel], alpha=self.alpha,
-                                  top_n=self.top_n)
+                                  top_n=self.top_n, logs=None if logs is None else logs[sel])
             for g in groups:
                 g.idx = sel[g.idx]
         if self.group_by == "document":
@@ -347,8 +386,9 @@ class Aggregate(Operator):
             names is None or names(members()))
 
     def _top_kept(self, keys: list, texts_of: Callable[[list[int]], list[str]],
-                  scores: np.ndarray, n_tokens: np.ndarray, info: dict,
-                  keep: Callable[[str, Callable[[], np.ndarray]], bool]) -> list[Group]:
+                  scores: np.ndarray, logs: np.ndarray | None, n_tokens: np.ndarray,
+                  info: dict, keep: Callable[[str, Callable[[], np.ndarray]], bool]
+                  ) -> list[Group]:
         """The common ``ORDER BY score LIMIT n`` under answer filters, grouped once:
         answers ranked by summed score (ties: first seen), ``keep`` asked best first
         until ``top_n`` pass; they come back in first-seen order with their members and
@@ -356,13 +396,15 @@ class Aggregate(Operator):
         gid, distinct = S.group_keys(keys)
         info["answers"] = len(distinct)
         sums = np.bincount(gid, weights=scores, minlength=len(distinct))
-        kept = sorted(self._best_kept(distinct, sums, gid, keep))
+        lsums = None if logs is None else S.group_log_sums(gid, len(distinct), logs)
+        kept = sorted(self._best_kept(distinct, sums, lsums, gid, keep))
         members = [np.flatnonzero(gid == g) for g in kept]
-        best = [int(m[np.argmax(scores[m])]) for m in members]  # ties: first seen
-        return [Group(distinct[g], t, float(sums[g]), int(n_tokens[b]), m) for g, t, b, m in
-                zip(kept, texts_of(best), best, members)]
+        best = [_best_of(m, scores, logs) for m in members]
+        return [Group(distinct[g], t, float(sums[g]), int(n_tokens[b]), m,
+                      log_score=_log_of(lsums, g))
+                for g, t, b, m in zip(kept, texts_of(best), best, members)]
 
-    def _kept(self, keys: list, scores: np.ndarray,
+    def _kept(self, keys: list, scores: np.ndarray, logs: np.ndarray | None,
               keep: Callable[[str, Callable[[], np.ndarray]], bool]) -> np.ndarray:
         """Per occurrence: is its answer kept by ``keep``? Ranked by summed score
         (alpha 0), only answers down to the ``top_n``-th kept one are looked at."""
@@ -372,16 +414,19 @@ class Aggregate(Operator):
             ok[:] = [keep(k, lambda g=g: np.flatnonzero(gid == g))
                      for g, k in enumerate(distinct)]
             return ok[gid]
-        ok[self._best_kept(distinct, np.bincount(gid, weights=scores, minlength=len(distinct)),
+        n = len(distinct)
+        ok[self._best_kept(distinct, np.bincount(gid, weights=scores, minlength=n),
+                           None if logs is None else S.group_log_sums(gid, n, logs),
                            gid, keep)] = True
         return ok[gid]
 
-    def _best_kept(self, distinct: list, sums: np.ndarray, gid: np.ndarray,
-                   keep: Callable[[str, Callable[[], np.ndarray]], bool]) -> list[int]:
+    def _best_kept(self, distinct: list, sums: np.ndarray, lsums: np.ndarray | None,
+                   gid: np.ndarray, keep: Callable[[str, Callable[[], np.ndarray]], bool]
+                   ) -> list[int]:
         """The ``top_n`` best answers (by summed score, ties first seen) that ``keep``
         keeps, best first; ``keep`` is asked only down to the last of them."""
         kept: list[int] = []
-        for g in np.lexsort((np.arange(len(distinct)), -sums)).tolist():
+        for g in S.rank_order(sums, lsums).tolist():
             if keep(distinct[g], lambda g=g: np.flatnonzero(gid == g)):
                 kept.append(g)
                 if len(kept) == self.top_n:
@@ -435,13 +480,13 @@ class ClassifyLabels(Operator):
                 log_score, score = float("-inf"), 0.0
             g = Group(label, label, score=score, idx=idx,
                       weights=np.exp(np.minimum(logits, 700.0)) if len(idx) else None)
-            g.extra["log_score"] = log_score
+            g.log_score = log_score
             groups.append(g)
         if self.prior:
             prior = dict(self.prior)
             cal = calibrated_scores({g.text: g.score for g in groups}, prior)
-            for g in groups:
-                g.extra["uncalibrated"], g.score = g.score, cal[g.text]
+            for g in groups:  # calibrated scores are ratios of probabilities: no log kept
+                g.extra["uncalibrated"], g.score, g.log_score = g.score, cal[g.text], None
             st.info["calibrated"] = {"template": self.template,
                                      "prior": {t: round(v, 6) for t, v in prior.items()}}
         return Answers(groups, occ, len(groups))
@@ -482,8 +527,10 @@ class OrderBy(Operator):
 
 
 def _sort_value(g: Group, col: str):
-    if col == "score":
-        return g.score
+    if col == "score":  # an underflowed score ranks by its log (scoring.rank_keys)
+        if g.log_score is not None and g.score < S.TINY:
+            return (0.0, g.log_score)
+        return (g.score, 0.0)
     if col == "support":
         return g.support
     if col in ("phrase", "label", "text"):
@@ -529,7 +576,9 @@ class AttachEvidence(Operator):
         chosen = []  # per answer, its best n occurrences and their weights
         for g in ans.groups:
             w = np.asarray(g.weights if g.weights is not None else occ.score)
-            idx = g.idx[np.argsort(-w[g.idx], kind="stable")][: self.n].tolist()
+            logs = occ.log_score if g.weights is None and occ.log_score is not None else None
+            idx = g.idx[S.rank_order(w[g.idx], None if logs is None else logs[g.idx])
+                        ][: self.n].tolist()
             chosen.append((idx, w))
         found = iter(locate(st, occ, [i for idx, _ in chosen for i in idx]))
         groups = []

@@ -40,10 +40,9 @@ import numpy as np
 
 from npmdb.storage.bm25 import FieldStats, field_stats
 
-from . import scoring as S
 from .answers import (
     Aggregate, Located, ScoreSpans, ScoreTokens, Surfaces, block_prior, locate_in,
-    scores_from_sims, span_sims, token_sims, widen_to_words,
+    scores_from_sims, span_sims, token_scores, token_sims, widen_to_words,
 )
 from .operators import (
     BlockHits, BM25Blocks, Candidates, DenseTopK, EncodeQuery, ExactTopK, ExecState,
@@ -246,14 +245,15 @@ class Exchange(Operator):
         occ = Occurrences(cat["seg"], cat["s"], cat["e"], q, sim_s=cat["sim_s"],
                           sim_e=cat["sim_e"])
         if isinstance(sub, ScoreSpans):
-            score, n_s, n_e = scores_from_sims(occ, sub.tau, sub.scoring, prior)
+            score, logs, n_s, n_e = scores_from_sims(occ, sub.tau, sub.scoring, prior)
             st.info["unique_starts"], st.info["unique_ends"] = n_s, n_e
         else:
             assert isinstance(sub, ScoreTokens)
-            score = S.softmax(occ.sim_s if prior is None else occ.sim_s + prior, sub.tau)
+            score, logs = token_scores(occ.sim_s if prior is None else occ.sim_s + prior,
+                                       sub.tau)
         surfaces = ShardSurfaces(self.shards, ctx, owned, occ.seg, occ.s, occ.e, keys,
                                  cat["docs"], widened=self.group_by == "word")
-        return replace(occ, score=score, surfaces=surfaces)
+        return replace(occ, score=score, log_score=logs, surfaces=surfaces)
 
     def _record(self, st: ExecState, ops: list[Operator], times: dict[int, list[float]],
                 counts: dict[int, int]) -> None:

@@ -58,6 +58,8 @@ class Group:
     weights: np.ndarray | None = None  # per-occurrence scores when not occ.score (classify)
     evidence: list = field(default_factory=list)
     extra: dict = field(default_factory=dict)
+    # the score's logarithm, kept where a query's scores underflow (``scoring.TINY``)
+    log_score: float | None = None
 
     @property
     def support(self) -> int:
@@ -143,6 +145,9 @@ class Occurrences(Output):
     sim_s: np.ndarray = field(default_factory=_empty)
     sim_e: np.ndarray = field(default_factory=_empty)
     score: np.ndarray = field(default_factory=_empty)
+    # each score's logarithm where some score is below ``scoring.TINY`` (a small tau
+    # underflows them), else None
+    log_score: np.ndarray | None = field(default=None, compare=False, repr=False)
     # where their texts come from when not from this process's snapshot: the shards that
     # own them (:class:`npmdb.query.exchange.ShardSurfaces`); None: the snapshot
     surfaces: Any = field(default=None, compare=False, repr=False)

@@ -12,8 +12,16 @@ from npmdb.storage.format import (
     BREAK, PUNCT, STOPWORD, VALID_END, VALID_START, WORD_END, WORD_START,
 )
 
-__all__ = ["softmax", "assemble_spans", "span_scores", "label_logits", "group_keys",
+__all__ = ["softmax", "log_softmax", "assemble_spans", "span_scores", "span_log_scores",
+           "label_logits", "group_keys", "group_log_sums", "rank_keys", "rank_order", "TINY",
            "lacks_breaks", "spaced_breaks", "sorted_unique", "unique_inverse"]
+
+#: A probability, or a sum of them, below this has lost its digits to underflow (a small
+#: ``tau`` puts a softmax's mass on a few candidates and leaves the rest at 0.0). Where a
+#: query has scores below it, the scorers also keep each score's logarithm, and answers
+#: whose scores are below it are ranked by those (:func:`rank_keys`); scores above it rank
+#: exactly as before.
+TINY = 1e-290
 
 
 def sorted_unique(a: np.ndarray) -> np.ndarray:
@@ -50,6 +58,15 @@ def softmax(x: np.ndarray, tau: float) -> np.ndarray:
     z -= z.max()
     e = np.exp(z)
     return e / e.sum()
+
+
+def log_softmax(x: np.ndarray, tau: float) -> np.ndarray:
+    """``log(softmax(x / tau))`` in float64, exact where :func:`softmax` underflows."""
+    if len(x) == 0:
+        return np.zeros(0, dtype=np.float64)
+    z = np.asarray(x, dtype=np.float64) / tau
+    z -= z.max()
+    return z - np.log(np.exp(z).sum())
 
 
 def assemble_spans(starts: np.ndarray, ends: np.ndarray, flags: np.ndarray,
@@ -154,6 +171,37 @@ def span_scores(start_ids: np.ndarray, end_ids: np.ndarray, sim_start: np.ndarra
         se = np.asarray(sim_end, np.float64)
         return ss[start_ids] + se[end_ids], ss, se
     raise ValueError(scoring)
+
+
+def span_log_scores(start_ids: np.ndarray, end_ids: np.ndarray, sim_start: np.ndarray,
+                    sim_end: np.ndarray, *, tau: float) -> np.ndarray:
+    """``log`` of :func:`span_scores`' ``npm`` scores, computed in log space."""
+    return np.logaddexp(log_softmax(sim_start, tau)[start_ids],
+                        log_softmax(sim_end, tau)[end_ids])
+
+
+def group_log_sums(gid: np.ndarray, n: int, logs: np.ndarray) -> np.ndarray:
+    """Per group ``log(sum(exp(logs)))`` of the members ``gid`` assigns it (-inf: none)."""
+    top = np.full(n, -np.inf)
+    np.maximum.at(top, gid, logs)
+    shift = np.where(np.isfinite(top), top, 0.0)
+    with np.errstate(divide="ignore"):
+        return shift + np.log(np.bincount(gid, weights=np.exp(logs - shift[gid]), minlength=n))
+
+
+def rank_keys(values: np.ndarray, logs: np.ndarray | None) -> tuple[np.ndarray, ...]:
+    """``np.lexsort`` keys (least significant first) that put ``values`` best first; with
+    ``logs`` (their logarithms), values below :data:`TINY` are ranked by their logs."""
+    values = np.asarray(values, np.float64)
+    if logs is None:
+        return (-values,)
+    low = values < TINY
+    return -np.where(low, logs, 0.0), -np.where(low, 0.0, values)
+
+
+def rank_order(values: np.ndarray, logs: np.ndarray | None = None) -> np.ndarray:
+    """Indices of ``values`` best first (:func:`rank_keys`; ties: the lower index first)."""
+    return np.lexsort((np.arange(len(values)), *rank_keys(values, logs)))
 
 
 def label_logits(sim_start: np.ndarray, sim_end: np.ndarray | None, tau: float) -> np.ndarray:

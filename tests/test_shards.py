@@ -68,6 +68,9 @@ def _check_all(one, many):
     for q in QUERIES:
         for opts in RETRIEVALS:
             _same(one, many, lambda db: db.fill_mask(q, top=8, evidence=2, **opts))
+    # a tau that underflows most scores: shards rank them by their logs as one process does
+    _same(one, many, lambda db: db.fill_mask(QUERIES[0], retrieval="dense", tau=1e-3, top=20))
+    _same(one, many, lambda db: db.fill_mask(QUERIES[1], mode="token", tau=1e-3, top=20))
     # AS OF an older version (four segments, nothing deleted)
     _same(one, many, lambda db: db.fill_mask(QUERIES[0], version="four-parts", evidence=1, retrieval="dense"))
     _same(one, many, lambda db: db.classify("A gorgeous, witty film. It was [MASK].", LABELS,
