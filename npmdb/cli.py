@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .errors import Error, ProgrammingError
+from .query.result import json_text
 from .query.spec import DEFAULT_K
 
 __all__ = ["main"]
@@ -30,7 +31,7 @@ DEMO_QUERIES = [
 
 def _print_result(res, *, evidence: bool = True, load_s: float = 0.0, out=None) -> None:
     out = sys.stdout if out is None else out   # looked up per call: sys.stdout may be replaced
-    if res.columns == ("plan",):
+    if res.is_explain:
         print(res.plan, file=out)
         return
     if res.columns is not None and res.rows is not None:
@@ -50,15 +51,17 @@ def _print_result(res, *, evidence: bool = True, load_s: float = 0.0, out=None) 
 
 
 def _print_table(columns, rows, out) -> None:
-    from .shell import _cell  # the shell's cells: NULL, JSON, one line, cut with "…"
+    # the shell's cells: NULL, JSON, one line, cut with "…", padded by display width
+    from .shell import _cell, _pad, display_width
 
     cells = [[_cell(v, 60) for v in r] for r in rows]
-    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    widths = [max([display_width(c)] + [display_width(r[i]) for r in cells])
+              for i, c in enumerate(columns)]
     widths = [min(w, 60) for w in widths]
-    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)), file=out)
+    print("  ".join(_pad(c, w, False) for c, w in zip(columns, widths)), file=out)
     print("  ".join("-" * w for w in widths), file=out)
     for r in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(r, widths)), file=out)
+        print("  ".join(_pad(v, w, False) for v, w in zip(r, widths)), file=out)
 
 
 def cmd_add(args) -> int:
@@ -146,7 +149,7 @@ def cmd_query(args) -> int:
         load_s = preload(db, args.version)
         res = db.fill_mask(args.query, **opts)
         if args.json:
-            print(json.dumps(res.to_list(), ensure_ascii=False, indent=1))
+            print(json_text(res.to_list(), indent=1))
         else:
             print(args.query)
             _print_result(res, load_s=load_s)
@@ -166,7 +169,7 @@ def cmd_sql(args) -> int:
     with npmdb.open(args.db, create=False, readonly=True, progress=False) as db:
         res = db.sql(args.statement, params)
         if args.json:
-            print(json.dumps(res.to_list(), ensure_ascii=False, indent=1, default=str))
+            print(json_text(res.to_list(), indent=1))
         else:
             _print_result(res)
     return 0
@@ -275,9 +278,9 @@ def cmd_eval(args) -> int:
                 for v in versions for r in retrievals]
     comparisons = _comparisons(runs, len(versions), len(retrievals))
     if args.json:
-        print(json.dumps([dict(e.summary(), questions=e.to_list() if args.questions_out else None,
-                               comparison=c.summary() if c else None)
-                          for e, c in zip(runs, comparisons)], ensure_ascii=False, indent=1))
+        print(json_text([dict(e.summary(), questions=e.to_list() if args.questions_out else None,
+                              comparison=c.summary() if c else None)
+                         for e, c in zip(runs, comparisons)], indent=1))
         return 0
     print(f"{len(questions)} questions from {args.questions}; exact match in %")
     _print_evaluations(runs, comparisons)
@@ -324,7 +327,7 @@ def cmd_check(args) -> int:
     with npmdb.open(args.db, create=False, readonly=True, progress=False) as db:
         report = db.check(deep=not args.quick)
         if args.json:
-            print(json.dumps(report.to_dict(), ensure_ascii=False, indent=1))
+            print(json_text(report.to_dict(), indent=1))
         else:
             print(report)
     return 0 if report.ok else 1

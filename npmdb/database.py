@@ -524,6 +524,7 @@ class Database(Versioning):
                                     or not isinstance(timeout, (int, float)) or timeout < 0):
             raise ProgrammingError(f"timeout must be a number of seconds >= 0, got "
                                    f"{timeout!r}")
+        V.check_message(message)
         from .generations import reembed
 
         runner = None

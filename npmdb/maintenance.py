@@ -47,6 +47,7 @@ class Diff:
 
 def restore(writer: "Writer", ref: int | str, message: str = "") -> int:
     """A new version whose contents equal version ``ref`` (no data is copied)."""
+    V.check_message(message)
     with writer.hold():
         with writer.env.read() as txn:
             old = V.resolve(txn, writer.env.dbs, ref)
@@ -82,6 +83,8 @@ def optimize(writer: "Writer", message: str = "", index: str | None = None,
     """
     from npmdb.storage import ivf
     from npmdb.storage import retrain as R
+
+    V.check_message(message)
 
     with writer.hold():
         writer.refuse_uncommitted()  # before the merge, not after it

@@ -22,10 +22,12 @@ import re
 import sys
 import threading
 import time
+import unicodedata
 from pathlib import Path
 from typing import Any, Iterable, TextIO
 
 from .errors import Error, ProgrammingError
+from .query.result import json_text
 from .storage import versions as V
 
 __all__ = ["Shell", "split_statements", "history_path", "main"]
@@ -118,10 +120,39 @@ def _cell(v: Any, width: int | None = None) -> str:
         s = json.dumps(v, ensure_ascii=False, default=str)
     else:
         s = str(v)
-    s = s.replace("\n", " ")
-    if width is not None and len(s) > width:
-        s = s[:width - 1] + "…"
+    # one line of printable text: a tab, a carriage return or another control character
+    # would move the cursor and break the table
+    s = "".join(c if c.isprintable() else " " for c in s)
+    if width is not None and display_width(s) > width:
+        s = _clip(s, width - 1) + "…"
     return s
+
+
+def _char_width(c: str) -> int:
+    if unicodedata.combining(c) or unicodedata.category(c) in ("Mn", "Me", "Cf"):
+        return 0
+    return 2 if unicodedata.east_asian_width(c) in ("W", "F") else 1
+
+
+def display_width(s: str) -> int:
+    """Columns ``s`` takes on a terminal: East Asian wide characters take two, combining
+    marks none."""
+    return sum(map(_char_width, s)) if not s.isascii() else len(s)
+
+
+def _clip(s: str, width: int) -> str:
+    """The longest prefix of ``s`` that fits in ``width`` columns."""
+    used = 0
+    for i, c in enumerate(s):
+        used += _char_width(c)
+        if used > width:
+            return s[:i]
+    return s
+
+
+def _pad(s: str, width: int, right: bool) -> str:
+    fill = " " * max(0, width - display_width(s))
+    return fill + s if right else s + fill
 
 
 def format_table(columns: Iterable[str], rows: Iterable[Iterable[Any]], *,
@@ -133,25 +164,25 @@ def format_table(columns: Iterable[str], rows: Iterable[Iterable[Any]], *,
     numeric = [bool(rows) and all(isinstance(r[i], (int, float)) and not isinstance(r[i], bool)
                                   for r in rows if r[i] is not None)
                for i in range(len(columns))]
-    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    widths = [max([display_width(c)] + [display_width(r[i]) for r in cells])
+              for i, c in enumerate(columns)]
 
     def line(vals: list[str]) -> str:
-        return "│ " + " │ ".join(v.rjust(w) if num else v.ljust(w)
+        return "│ " + " │ ".join(_pad(v, w, num)
                                  for v, w, num in zip(vals, widths, numeric)) + " │"
 
     top = "┌─" + "─┬─".join("─" * w for w in widths) + "─┐"
     mid = "├─" + "─┼─".join("─" * w for w in widths) + "─┤"
     bot = "└─" + "─┴─".join("─" * w for w in widths) + "─┘"
     body = [line(r) for r in cells]
-    head = "│ " + " │ ".join(c.ljust(w) for c, w in zip(columns, widths)) + " │"
+    head = "│ " + " │ ".join(_pad(c, w, False) for c, w in zip(columns, widths)) + " │"
     return "\n".join([top, head, mid, *body, bot])
 
 
 def format_rows(columns: list[str], rows: list[tuple], mode: str) -> str:
     """Rows in one of :data:`MODES`."""
     if mode == "json":
-        return json.dumps([dict(zip(columns, r)) for r in rows], ensure_ascii=False,
-                          indent=1, default=str)
+        return json_text([dict(zip(columns, r)) for r in rows], indent=1)
     if mode == "csv":
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
@@ -190,7 +221,9 @@ def _skip(text: str, i: int) -> int:
             i = n if j == -1 else j + 1
         elif text.startswith("/*", i):
             j = text.find("*/", i + 2)
-            i = n if j == -1 else j + 2
+            if j == -1:  # unclosed: not blank; the lexer says so
+                break
+            i = j + 2
         else:
             break
     return i
@@ -238,6 +271,9 @@ def with_version(statement: str, ref: int | str) -> str:
                 while k < n:
                     if text[k] in "'\"":
                         k = _past_quoted(text, k)
+                        continue
+                    if text.startswith(("--", "/*"), k):
+                        k = max(_skip(text, k), k + 2)  # an unclosed /* stops at its end
                         continue
                     if text[k] == "(":
                         d += 1
@@ -314,7 +350,7 @@ class Shell:
             self.error(exc)
             return False
         ms = (time.perf_counter() - t0) * 1000
-        if res.columns == ("plan",):
+        if res.is_explain:
             self.echo(res.plan)
         else:
             cols, rows = _result_rows(res)
@@ -379,24 +415,41 @@ class Shell:
     # -- sessions --------------------------------------------------------------------
 
     def run_script(self, source: TextIO) -> int:
-        """Statements from a file or pipe: 0, or 1 after the first error (which stops)."""
+        """Statements from a file or pipe: 0, or 1 after the first error (which stops).
+        A statement without its ``;`` at the end of the input runs too."""
         buf = ""
         try:
-            for line in source:
-                if not buf.strip() and line.lstrip().startswith("."):
+            for n, line in enumerate(source):
+                if n == 0:
+                    line = line.removeprefix("\ufeff")  # a byte-order mark (Windows editors)
+                if _is_blank(buf) and line.lstrip().startswith("."):
+                    buf = ""
                     if not self.execute(line):
                         return 1
                     continue
                 buf += line
+                if ";" not in line:  # no statement can end here: do not rescan the buffer
+                    continue
                 stmts, buf = split_statements(buf)
                 for s in stmts:
                     if not self.execute(s):
                         return 1
-            if buf.strip() and not self.execute(buf):
+            if not _is_blank(buf) and not self.execute(buf):
                 return 1
         except EOFError:  # .quit
             pass
         return 0
+
+    def _run_at_prompt(self, statement: str) -> bool:
+        """:meth:`execute` where Ctrl-C cancels the statement, not the session (as in
+        sqlite3); False when it was cancelled."""
+        try:
+            self.execute(statement)
+        except KeyboardInterrupt:
+            print(file=self.out)
+            self.error("interrupted")
+            return False
+        return True
 
     def run_interactive(self) -> int:
         """The prompt, with readline history and completion where readline exists."""
@@ -411,17 +464,26 @@ class Shell:
                     print(file=self.out)
                     buf = ""
                     continue
-                if not buf.strip() and line.lstrip().startswith("."):
-                    self.execute(line)
+                if _is_blank(buf) and line.lstrip().startswith("."):
+                    buf = ""
+                    self._run_at_prompt(line)
                     continue
                 buf += line + "\n"
-                stmts, buf = split_statements(buf)
-                for s in stmts:
-                    self.execute(s)
-                if not buf.strip():
+                if ";" in line:
+                    stmts, buf = split_statements(buf)
+                    for s in stmts:
+                        if not self._run_at_prompt(s):
+                            buf = ""  # Ctrl-C drops the rest of what was typed
+                            break
+                if _is_blank(buf):
                     buf = ""
         except EOFError:
             print(file=self.out)
+            if not _is_blank(buf):  # Ctrl-D after a statement without its ";": run it,
+                try:                # as a script's last statement runs
+                    self._run_at_prompt(buf)
+                except EOFError:
+                    pass
         finally:
             if rl is not None:
                 with _quiet():
@@ -470,7 +532,11 @@ def main(db_path: str, *, stdin: TextIO | None = None) -> int:
     """Open ``db_path`` read-only and run the shell on standard input."""
     import npmdb
 
-    stdin = stdin or sys.stdin
+    stdin = stdin or sys.stdin or io.StringIO("")  # None: the process has no stdin
+    if isinstance(stdin, io.TextIOWrapper):
+        # undecodable bytes reach the statement as lone surrogates, which the query
+        # reports as such (strict decoding would end the session with a traceback)
+        stdin.reconfigure(errors="surrogateescape")
     with npmdb.open(db_path, create=False, readonly=True, progress=False) as db:
         shell = Shell(db)
         if stdin.isatty():

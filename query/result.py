@@ -3,14 +3,32 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator, Sequence
 
 from npmdb.errors import NotSupportedError
 
-__all__ = ["Evidence", "Answer", "Result", "StageStat"]
+__all__ = ["Evidence", "Answer", "Result", "StageStat", "finite", "json_text"]
 
 from .plan import StageStat  # noqa: E402  (re-exported)
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every NaN or infinite number as None: JSON has neither, and a SQL
+    expression can compute them (``1e308 * 10``)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def json_text(value: Any, **kw: Any) -> str:
+    """``value`` as strict JSON (:func:`finite`; what JSON cannot hold as its ``str``)."""
+    return json.dumps(finite(value), ensure_ascii=False, allow_nan=False, default=str, **kw)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +81,11 @@ class Result:
     info: dict = field(default_factory=dict)
     columns: tuple[str, ...] | None = None
     rows: tuple[tuple, ...] | None = None
+
+    @property
+    def is_explain(self) -> bool:
+        """True for the result of ``EXPLAIN``: one row per line of its plan."""
+        return self.info.get("explain") is True
 
     @property
     def _has_rows(self) -> bool:

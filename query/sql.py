@@ -126,7 +126,8 @@ def _execute(text: str, params: Any, open_context: OpenContext) -> Any:
         physical = res.plan if compiled.spec is not None or compiled.rows_root is not None else ""
         plan_text = format_explain(compiled.logical, physical, notes, total)
         return Result(res.answers, query=text, version=res.version, generation=res.generation,
-                      stats=res.stats, plan=plan_text, info=res.info, columns=("plan",),
+                      stats=res.stats, plan=plan_text, info={**res.info, "explain": True},
+                      columns=("plan",),
                       rows=tuple((line,) for line in plan_text.splitlines()))
     physical = compiled.physical()
     if physical is not None:
@@ -136,7 +137,7 @@ def _execute(text: str, params: Any, open_context: OpenContext) -> Any:
 
                 physical = distribute(physical, ctx.shards)
     plan_text = format_explain(compiled.logical, physical.explain() if physical else "", notes)
-    return Result((), query=text, plan=plan_text, columns=("plan",),
+    return Result((), query=text, plan=plan_text, info={"explain": True}, columns=("plan",),
                   rows=tuple((line,) for line in plan_text.splitlines()))
 
 

@@ -349,6 +349,7 @@ class Writer:
     def transaction(self, message: str = "") -> Iterator[Transaction]:
         """A unit of work committed as one version when the outermost transaction of this
         thread ends (rolled back if it raises); nested ones join it."""
+        V.check_message(message)
         with self.hold():
             if self._changes is not None:
                 yield Transaction(self, outermost=False)

@@ -271,6 +271,20 @@ def _moved(op: Operation, read: Manifest, now: Manifest) -> str | None:
     return "its documents were checked against that version"  # Append, Delete
 
 
+def check_message(message: Any) -> None:
+    """A version's message is text: anything else (or text that is not valid Unicode) is
+    refused before any work, not after it."""
+    if not isinstance(message, str):
+        raise ProgrammingError(f"a version message must be a str, got "
+                               f"{type(message).__name__} {message!r:.60}")
+    try:
+        message.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ProgrammingError(
+            f"the message contains a lone surrogate U+{ord(message[exc.start]):04X} at "
+            f"character {exc.start}, which is not valid Unicode text") from None
+
+
 def commit(txn, dbs, ops: Sequence[Operation], read: Manifest | None, *, message: str = "",
            info: dict | None = None, tag: str | None = None,
            seal: Callable[[Any, int, int | None], None] | None = None) -> Manifest:
@@ -279,6 +293,7 @@ def commit(txn, dbs, ops: Sequence[Operation], read: Manifest | None, *, message
     ``tag`` it). ``seal(txn, segment, docs)`` records the checksums of the files (and,
     given ``docs``, the documents) of each segment the commit adds or re-embeds.
     Returns the new manifest."""
+    check_message(message)
     now = head(txn, dbs)
     base = read or EMPTY
     if (now.id if now else None) != (read.id if read else None):

@@ -119,6 +119,21 @@ def test_lone_surrogates_are_refused_everywhere(rw):
     _unchanged(rw, before)
 
 
+@pytest.mark.parametrize("message", [5, b"x", None, "\udcff"])
+def test_a_version_message_that_is_not_text_is_refused_before_any_work(rw, message):
+    """It used to be stored as it came (5, b'x'), or refused only at the commit, after
+    the whole ingest (a lone surrogate)."""
+    before = (rw.version, rw.count())
+    for call in (lambda: rw.add(["Salem is the capital of Oregon."], message=message),
+                 lambda: rw.delete("d1", message=message),
+                 lambda: rw.update([{"id": "d2", "text": "new"}], message=message),
+                 lambda: rw.restore("v1", message=message),
+                 lambda: rw.optimize(message=message)):
+        with pytest.raises(npmdb.ProgrammingError, match="message"):
+            call()
+    _unchanged(rw, before)
+
+
 def test_nul_characters_are_kept_exactly(db):
     d = db.get("nul\x00id")
     assert d["text"] == "Salem\x00 is the capital of Oregon." and d["title"] == "t\x00"

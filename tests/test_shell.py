@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import io
 import os
+import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -43,6 +45,11 @@ def test_split_statements():
     ('SELECT "from" FROM /* c */ DOCUMENTS -- x\n LIMIT 1', 1,
      'SELECT "from" FROM /* c */ DOCUMENTS AS OF 1 -- x\n LIMIT 1'),
     ("SELECT doc.from_x FROM SEARCH(:q)", 1, "SELECT doc.from_x FROM SEARCH(:q) AS OF 1"),
+    # a comment inside the source's arguments holds a parenthesis
+    ("SELECT doc_id FROM SEARCH('x' /* ) */) LIMIT 3", 1,
+     "SELECT doc_id FROM SEARCH('x' /* ) */) AS OF 1 LIMIT 3"),
+    ("SELECT label FROM CLASSIFY('x', LABELS(a = ('b'), -- 1) first\n c = ('d')))", 2,
+     "SELECT label FROM CLASSIFY('x', LABELS(a = ('b'), -- 1) first\n c = ('d'))) AS OF 2"),
 ])
 def test_checkout_adds_as_of(statement, ref, want):
     assert with_version(statement, ref) == want
@@ -57,6 +64,55 @@ def test_output_modes():
     assert '"phrase": "Qatar"' in format_rows(cols, rows, "json")
     assert format_rows(cols, rows, "line").splitlines()[:2] == ["phrase = Qatar",
                                                                 " score = 0.5000"]
+
+
+def test_cells_are_one_line_of_printable_text_aligned_by_display_width():
+    cols, rows = ["cjk", "ctl"], [("ドーハ", "a\rb\tc"), ("x", "Qatar")]
+    table = format_rows(cols, rows, "table").splitlines()
+    assert "a b c" in table[3] and "\r" not in "".join(table) and "\t" not in "".join(table)
+    from npmdb.shell import display_width
+    assert len({display_width(line) for line in table}) == 1  # ドーハ takes 6 columns
+    assert display_width(format_rows(["x"], [("字" * 80,)], "table").splitlines()[3]) <= 64
+
+
+def test_json_output_is_strict_json():
+    import json
+
+    def refuse(name):
+        raise AssertionError(f"not JSON: {name}")
+
+    text = format_rows(["big", "n", "ok"], [(float("inf"), float("nan"), 1.5)], "json")
+    assert json.loads(text, parse_constant=refuse) == [{"big": None, "n": None, "ok": 1.5}]
+
+
+def test_scripts_the_shell_used_to_misread(versioned_db_path):
+    import npmdb
+
+    with npmdb.open(versioned_db_path, readonly=True, progress=False) as db:
+        def run(script):
+            out, err = io.StringIO(), io.StringIO()
+            return Shell(db, out=out, err=err).run_script(io.StringIO(script)), \
+                out.getvalue(), err.getvalue()
+
+        # a dot-command after a comment, or after a statement and a trailing comment
+        for script in ("-- list\n.mode csv\nSHOW TAGS;\n",
+                       "/* header */\n.mode csv\nSHOW TAGS;\n",
+                       "SHOW TAGS; -- first\n.mode csv\nSHOW TAGS;\n",
+                       "\ufeff.mode csv\nSHOW TAGS;\n",          # a byte-order mark
+                       "\ufeffSHOW TAGS;\n.mode csv\nSHOW TAGS;\n"):
+            rc, out, err = run(script)
+            assert rc == 0 and "tag,version" in out and not err, (script, err)
+        rc, out, err = run("/* never closed\nSHOW TAGS;\n")    # was: nothing, exit 0
+        assert rc == 1 and "unterminated comment" in err
+        rc, out, err = run("SELECT id AS plan FROM DOCUMENTS LIMIT 2;")
+        assert rc == 0 and "ScanDocuments" not in out and out.count("│") == 2 * 3
+        rc, out, _ = run("EXPLAIN SELECT id FROM DOCUMENTS LIMIT 2;")
+        assert rc == 0 and "ScanDocuments" in out
+        # a statement over thousands of lines is split once, not once per line
+        ids = ",\n".join(f"'id{i}'" for i in range(6000))
+        t0 = time.perf_counter()
+        rc, out, err = run(f"SELECT id FROM DOCUMENTS WHERE id IN (\n{ids}\n);\n")
+        assert rc == 0 and not err and time.perf_counter() - t0 < 30
 
 
 def test_commands_in_process(versioned_db_path):
@@ -109,6 +165,33 @@ def test_piped_stdin_error_exits_1_with_caret(versioned_db_path, tmp_path):
     assert p.stdout.count("│ id") == 1  # the statement after the error did not run
 
 
+def test_piped_odd_stdin_and_cli_output(versioned_db_path, tmp_path):
+    import json
+
+    env = dict(os.environ, NPMDB_HISTORY=str(tmp_path / "hist"),
+               PYTHONIOENCODING="utf-8:strict")
+    shell = [sys.executable, "-m", "npmdb", "shell", str(versioned_db_path)]
+    # undecodable bytes: the query names the bad character, no traceback
+    p = subprocess.run(shell, input=b"SELECT id FROM DOCUMENTS WHERE title = '\xff';\n",
+                       capture_output=True, timeout=180, env=env)
+    assert p.returncode == 1 and b"Traceback" not in p.stderr and b"surrogate" in p.stderr
+    # no stdin at all (closed): nothing to run
+    p = subprocess.run(shell, stdin=subprocess.DEVNULL, capture_output=True, timeout=180,
+                       env=env)
+    assert p.returncode == 0 and not p.stderr
+    p = subprocess.run(" ".join(map(shlex.quote, shell)) + " <&-", shell=True,
+                       capture_output=True, timeout=180, env=env)
+    assert p.returncode == 0 and b"Traceback" not in p.stderr, p.stderr
+    sql = [sys.executable, "-m", "npmdb", "sql", str(versioned_db_path)]
+    p = subprocess.run(sql + ["SELECT 1e308 * 10 AS big, id FROM DOCUMENTS LIMIT 1", "--json"],
+                       capture_output=True, text=True, timeout=180, env=env)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout, parse_constant=lambda c: 1 / 0)[0]["big"] is None
+    p = subprocess.run(sql + ["SELECT id AS plan FROM DOCUMENTS LIMIT 2"], capture_output=True,
+                       text=True, timeout=180, env=env)
+    assert p.returncode == 0 and "ScanDocuments" not in p.stdout and ":" in p.stdout
+
+
 def test_terminal_session_history_and_completion(versioned_db_path, tmp_path):
     pexpect = pytest.importorskip("pexpect")
     env = dict(os.environ, NPMDB_HISTORY=str(tmp_path / "state" / "history"), TERM="xterm")
@@ -150,6 +233,29 @@ def test_terminal_session_history_and_completion(versioned_db_path, tmp_path):
     child.expect_exact("npmdb@1> ")
     child.sendeof()
     child.expect(pexpect.EOF)
+
+
+def test_terminal_ctrl_c_cancels_the_statement_and_ctrl_d_runs_the_unfinished_one(
+        versioned_db_path, tmp_path):
+    pexpect = pytest.importorskip("pexpect")
+    env = dict(os.environ, NPMDB_HISTORY=str(tmp_path / "history"), TERM="xterm")
+    child = pexpect.spawn(sys.executable, ["-m", "npmdb", "shell", str(versioned_db_path)],
+                          env=env, encoding="utf-8", timeout=120, dimensions=(40, 200))
+    child.expect_exact("npmdb> ")
+    # the first query waits for the encoder the prompt loads in the background (seconds
+    # of torch); Ctrl-C then cancels it and the session goes on
+    child.sendline(f"SELECT phrase FROM MASKED({Q}) LIMIT 1;")
+    time.sleep(0.5)
+    child.sendintr()
+    child.expect_exact("interrupted")
+    child.expect_exact("npmdb> ")
+    child.sendline("SHOW TAGS")                      # no ";" yet
+    child.expect_exact("...> ")
+    child.sendeof()                                  # Ctrl-D runs it, as a script's end does
+    child.expect_exact("first")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
 
 
 def test_an_interactive_session_loads_the_encoder_while_the_user_types(versioned_db_path,

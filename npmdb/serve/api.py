@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import re
 import time
 from typing import Any, Sequence
@@ -12,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from npmdb.query.result import json_text
 from npmdb.query.text import snippet_bounds
 
 from .app import ApiError, Server
@@ -27,18 +27,6 @@ CLASSIFY_OPTIONS = ("tau", "k", "mode", "retrieval", "blocks", "max_len", "exact
                     "clean_edges", "bm25_title", "bm25_question", "calibrate", "evidence",
                     "version")
 CONTEXT = 80  # characters of context either side of an occurrence
-
-
-def _finite(value: Any) -> Any:
-    """``value`` with every NaN or infinite number as None: JSON has neither, and a SQL
-    expression can compute them (``1e308 * 10``)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
 
 
 async def read_json(request: Request, keys: Sequence[str] | None = None) -> dict[str, Any]:
@@ -194,7 +182,7 @@ def routes(server: Server) -> list[Route]:
             body = {"columns": cols, "rows": rows[:s.max_rows], "truncated": len(rows) > s.max_rows,
                     "version": res.version, "generation": res.generation, "ms": round(ms, 3),
                     "plan": res.plan}
-            return json.loads(json.dumps(_finite(body), ensure_ascii=False, default=str))
+            return json.loads(json_text(body))
         return JSONResponse(await server.call(run))
 
     async def versions(request: Request) -> JSONResponse:
