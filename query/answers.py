@@ -9,6 +9,7 @@ hand these :class:`~npmdb.query.operators.Candidates`; assembly and scoring prod
 
 from __future__ import annotations
 
+import math
 import threading
 import weakref
 from dataclasses import dataclass, field, replace
@@ -482,9 +483,11 @@ class ClassifyLabels(Operator):
                       weights=np.exp(np.minimum(logits, 700.0)) if len(idx) else None)
             g.log_score = log_score
             groups.append(g)
+        logs = {g.text: g.log_score for g in groups}
+        st.info["label_log_scores"] = logs
         if self.prior:
             prior = dict(self.prior)
-            cal = calibrated_scores({g.text: g.score for g in groups}, prior)
+            cal = calibrated_scores({g.text: g.score for g in groups}, prior, logs=logs)
             for g in groups:  # calibrated scores are ratios of probabilities: no log kept
                 g.extra["uncalibrated"], g.score, g.log_score = g.score, cal[g.text], None
             st.info["calibrated"] = {"template": self.template,
@@ -527,9 +530,11 @@ class OrderBy(Operator):
 
 
 def _sort_value(g: Group, col: str):
-    if col == "score":  # an underflowed score ranks by its log (scoring.rank_keys)
+    if col == "score":  # an underflowed or overflowed score ranks by its log (rank_keys)
         if g.log_score is not None and g.score < S.TINY:
             return (0.0, g.log_score)
+        if g.log_score is not None and math.isinf(g.score):
+            return (g.score, g.log_score)
         return (g.score, 0.0)
     if col == "support":
         return g.support

@@ -146,7 +146,8 @@ def classify_prior(spec: ClassifySpec, run: Callable[[Plan], Result]
         return None
     res = run(plan_classify(replace(spec, text=template, calibrate=False, evidence=0, top=0,
                                     offset=0)))
-    probs = calibration.probabilities({a.text: a.score for a in res.answers})
+    probs = calibration.probabilities({a.text: a.score for a in res.answers},
+                                      logs=res.info.get("label_log_scores"))
     return template, tuple(probs.items())
 
 

@@ -191,12 +191,13 @@ def group_log_sums(gid: np.ndarray, n: int, logs: np.ndarray) -> np.ndarray:
 
 def rank_keys(values: np.ndarray, logs: np.ndarray | None) -> tuple[np.ndarray, ...]:
     """``np.lexsort`` keys (least significant first) that put ``values`` best first; with
-    ``logs`` (their logarithms), values below :data:`TINY` are ranked by their logs."""
+    ``logs`` (their logarithms), values below :data:`TINY`, and infinite ones (a label's
+    ``exp`` that overflowed), are ranked by their logs."""
     values = np.asarray(values, np.float64)
     if logs is None:
         return (-values,)
     low = values < TINY
-    return -np.where(low, logs, 0.0), -np.where(low, 0.0, values)
+    return -np.where(low | np.isinf(values), logs, 0.0), -np.where(low, 0.0, values)
 
 
 def rank_order(values: np.ndarray, logs: np.ndarray | None = None) -> np.ndarray:

@@ -96,6 +96,43 @@ def test_underflowed_answers_rank_as_exact_arithmetic_ranks_them(seed, top_n):
         assert logs_of[0] - logs_of[-1] > 100  # the tail spans many orders of magnitude
 
 
+def test_labels_whose_scores_overflow_rank_by_their_logs():
+    """A label's score is ``sum(exp(logit))``; a small tau overflows it to inf for every
+    label, which used to leave the first label listed on top."""
+    from npmdb.query.answers import OrderBy, _sort_value
+    from npmdb.query.operators import Group
+
+    groups = [Group("a", "a", float("inf"), log_score=800.0),
+              Group("b", "b", float("inf"), log_score=900.0),
+              Group("c", "c", 3.0, log_score=np.log(3.0)), Group("d", "d", 0.0)]
+    assert OrderBy.keys == (("score", True),)
+    ranked = sorted(groups, key=lambda g: _sort_value(g, "score"), reverse=True)
+    assert [g.text for g in ranked] == ["b", "a", "c", "d"]
+    values = np.array([g.score for g in groups])
+    logs = np.array([g.log_score if g.log_score is not None else -np.inf for g in groups])
+    assert S.rank_order(values, logs).tolist() == [1, 0, 2, 3]
+
+
+def test_label_probabilities_from_logs_where_scores_overflowed(tiny_db):
+    from npmdb.query.calibration import probabilities
+
+    p = probabilities({"a": float("inf"), "b": float("inf"), "c": 0.0},
+                      logs={"a": 800.0, "b": 801.0, "c": -np.inf}, eps=0.0)
+    assert p["b"] == pytest.approx(np.e / (1 + np.e)) and p["c"] == 0.0
+    same = {"a": 2.0, "b": 6.0}
+    assert probabilities(same, logs={k: np.log(v) for k, v in same.items()}) == \
+        pytest.approx(probabilities(same))
+    labels = {"yes": ["the", "a"], "no": ["of", "in"]}
+    q = "Some words here. It was [MASK]."
+    plain = tiny_db.classify(q, labels, tau=1e-3)
+    assert all(np.isinf(a.score) for a in plain.answers)       # the case in question
+    logs = plain.info["label_log_scores"]
+    assert [a.text for a in plain.answers] == sorted(logs, key=logs.get, reverse=True)
+    cal = tiny_db.classify(q, labels, tau=1e-3, calibrate=True)
+    assert all(np.isfinite(a.score) for a in cal.answers)
+    assert sum(a.score for a in cal.answers) == pytest.approx(1.0)
+
+
 def test_scores_keep_no_logs_where_nothing_underflows():
     occ = Occurrences(np.zeros(3, np.int64), np.array([0, 1, 2]), np.array([1, 2, 3]),
                       sim_s=np.array([0.1, 0.2, 0.3]), sim_e=np.array([0.3, 0.2, 0.1]))
