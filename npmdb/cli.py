@@ -80,12 +80,15 @@ def cmd_add(args) -> int:
         with npmdb.open(args.db, encoder=args.encoder, progress=not args.quiet,
                         timeout=args.timeout) as db:
             t0 = time.time()
-            before = db.count()
+            before, head = db.count(), db.version
             # one path is a str source; several are Paths (a str in a list is a text)
             vid = db.add([Path(f) for f in args.files] if len(args.files) > 1
                          else args.files[0], message=args.message or "", engine=engine)
-            print(f"added {db.count() - before} documents in {time.time() - t0:.1f} s; "
-                  f"version {vid}")
+            if vid == head:
+                print(f"nothing to add; version {vid} is unchanged")
+            else:
+                print(f"added {db.count() - before} documents in {time.time() - t0:.1f} s; "
+                      f"version {vid}")
     except BaseException:
         if new:  # a failed first add leaves no database behind (nor its encoder choice)
             _remove_if_never_written(path, made=not existed)

@@ -96,6 +96,10 @@ class Database(Versioning):
         if engine is not None or shards is not None:
             check_sharding(engine, shards, readonly)
         self.readonly = readonly
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or \
+                not 0 <= timeout < float("inf"):
+            raise ProgrammingError(f"timeout must be a number of seconds >= 0 (0: do not "
+                                   f"wait for another writer), got {timeout!r}")
         self.timeout = timeout
         self.progress = progress
         self.device = device

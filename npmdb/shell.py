@@ -370,9 +370,9 @@ class Shell:
             if name == ".help":
                 self.echo(HELP)
             elif name == ".mode":
-                if len(args) != 1 or args[0] not in MODES:
+                if len(args) != 1 or args[0].lower() not in MODES:
                     raise ProgrammingError(f"usage: .mode {'|'.join(MODES)}")
-                self.mode = args[0]
+                self.mode = args[0].lower()
             elif name in (".timer", ".explain"):
                 flag = {"on": True, "off": False}.get(args[0].lower()) if args else (
                     None if name == ".timer" else not self.explain)

@@ -610,3 +610,8 @@ def test_cli_add_reads_every_file_it_is_given(tmp_path, tiny_encoder, capsys):
     assert "missing.jsonl" in capsys.readouterr().err
     with npmdb.open(db, progress=False) as d:
         assert d.count() == 2 and len(d.versions()) == versions
+    (tmp_path / "empty").mkdir()             # nothing to add: no "added 0 ...; version N"
+    assert main(["add", str(db), str(tmp_path / "empty"), "-q"]) == 0
+    assert "nothing to add; version" in capsys.readouterr().out
+    assert main(["add", str(db), str(a), "--timeout", "-5", "-q"]) == 2
+    assert "timeout must be" in capsys.readouterr().err

@@ -140,6 +140,7 @@ def test_commands_in_process(versioned_db_path):
                     ".checkout ²", ".checkout 99999999999999999999999"):
             assert sh.execute(bad) is False
         assert sh.execute(".help") and sh.execute("  ") and sh.execute("-- only a comment;")
+        assert sh.execute(".mode CSV") and sh.mode == "csv"  # as .timer ON is accepted
 
 
 def test_piped_stdin_prints_a_table_and_exits_0(versioned_db_path, tmp_path):
