@@ -7,7 +7,6 @@ import argparse
 import json
 import os
 import sys
-import textwrap
 import time
 from contextlib import suppress
 from pathlib import Path
@@ -43,11 +42,22 @@ def _print_result(res, *, evidence: bool = True, load_s: float = 0.0, out=None) 
         print(f"  {i:>2}. {a.text!r:<40} score={a.score:.4f}  support={a.support}", file=out)
         if evidence:
             for e in a.evidence[:2]:
-                snip = textwrap.shorten(e.snippet, 100, placeholder="…")
+                snip = _shorten(e.snippet, 100)
                 print(f"        {e.doc_id} [{e.start}:{e.end}] {snip}", file=out)
     loaded = f" (loading the encoder first took {load_s:.1f} s)" if load_s >= 0.05 else ""
     print(f"  -- version {res.version}, generation {res.generation}, "
           f"{res.elapsed_ms:.1f} ms{loaded}", file=out)
+
+
+def _shorten(text: str, width: int) -> str:
+    """``text`` on one line, cut to ``width`` characters with "…" (at a space where one
+    is near; ``textwrap.shorten`` dropped a first word longer than the width whole)."""
+    text = " ".join(text.split())
+    if len(text) <= width:
+        return text
+    cut = text[:width - 1]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > width // 2 else cut) + "…"
 
 
 def _print_table(columns, rows, out) -> None:
@@ -195,7 +205,7 @@ def cmd_search(args) -> int:
 
     with npmdb.open(args.db, create=False, readonly=True, progress=False) as db:
         for hit in db.search(args.text, limit=args.limit):
-            print(f"{hit['score']:8.3f}  {hit['doc_id']}  {textwrap.shorten(hit['snippet'], 90)}")
+            print(f"{hit['score']:8.3f}  {hit['doc_id']}  {_shorten(hit['snippet'], 90)}")
     return 0
 
 

@@ -75,6 +75,16 @@ def test_cells_are_one_line_of_printable_text_aligned_by_display_width():
     assert display_width(format_rows(["x"], [("字" * 80,)], "table").splitlines()[3]) <= 64
 
 
+def test_cli_snippets_are_cut_not_dropped(versioned_db_path, capsys):
+    from npmdb.cli import _shorten, main
+
+    assert _shorten("x" * 200, 20) == "x" * 19 + "…"  # textwrap.shorten gave "[...]"
+    assert _shorten("hello world  this is\n a test", 20) == "hello world this…"
+    assert main(["search", str(versioned_db_path), "capital", "--limit", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and all(len(line.split("  ")[-1]) > 10 for line in lines)
+
+
 def test_json_output_is_strict_json():
     import json
 
