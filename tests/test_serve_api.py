@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+import urllib.parse
 
 import pytest
 
@@ -442,3 +443,242 @@ def test_bodies_the_api_refuses_or_cleans(writer):
     body = c.post("/api/sql", headers=auth, json={
         "query": "SELECT id, 1e308 * 10 AS x, 0.0 * (1e308 * 10) AS y FROM DOCUMENTS LIMIT 1"})
     assert body.status_code == 200 and body.json()["rows"][0][1:] == [None, None]
+
+
+# ---------------------------------------------------------------- bugs found by the hunt
+
+def test_document_search_lists_each_document_once(writer):
+    """BM25 ranks blocks; the documents page lists each document once (its best block) and
+    pages over documents, however many blocks of one document match."""
+    c, _ = writer
+    auth = {"Authorization": "Bearer s3cret"}
+    long_text = " ".join(f"Zanzibar harbour number {i} is busy with dhows every morning."
+                         for i in range(400))
+    docs = [{"id": "long:1", "title": "Harbours", "text": long_text}] + [
+        {"id": f"short:{i}", "title": f"Isle {i}", "text": f"Zanzibar isle {i} has beaches."}
+        for i in range(5)]
+    assert c.post("/api/documents", headers=auth, json={"documents": docs}).status_code == 201
+    seen, offset = [], 0
+    while True:
+        page = c.get("/api/documents", headers=auth,
+                     params={"q": "Zanzibar", "limit": 2, "offset": offset}).json()
+        seen += [d["id"] for d in page["documents"]]
+        offset += 2
+        if not page["more"]:
+            break
+    assert sorted(seen) == sorted(d["id"] for d in docs)   # every document, each once
+    scores = [d["score"] for d in c.get("/api/documents", headers=auth,
+                                        params={"q": "Zanzibar"}).json()["documents"]]
+    assert scores == sorted(scores, reverse=True)
+    r = c.get("/documents", headers=auth, params={"q": "Zanzibar"})
+    assert r.text.count('href="/documents/long%3A1') == 1
+
+
+def test_top_zero_is_over_the_limit(client):
+    e = error_of(client.post("/api/fill_mask", json={"query": Q, "retrieval": "bm25",
+                                                     "top": 0}), 400)
+    assert e["type"] == "LimitExceeded" and e["limit"] == 100
+    top = client.get("/openapi.json").json()["components"]["schemas"]["FillMaskRequest"][
+        "properties"]["top"]
+    assert (top["minimum"], top["maximum"]) == (1, 100)
+
+
+@pytest.mark.parametrize("statement,field", [
+    ("SELECT phrase FROM MASKED(?) USING dense(k => 100000)", "k"),
+    ("SELECT phrase FROM MASKED(?) USING bm25(blocks => 100000)", "blocks"),
+    ("SELECT phrase FROM MASKED(?) USING hybrid(k => 8, blocks => 51)", "blocks"),
+    ("SELECT phrase FROM MASKED(?) USING bm25 LIMIT 101", "top"),
+    ("SELECT phrase FROM EVIDENCE(?) USING bm25 WITH evidence = 21", "evidence"),
+    ("EXPLAIN ANALYZE SELECT phrase FROM MASKED(?) USING dense(k => 5000)", "k"),
+])
+def test_sql_keeps_the_limits_of_fill_mask(client, statement, field):
+    e = error_of(client.post("/api/sql", json={"query": statement, "params": [Q]}), 400)
+    assert e["type"] == "LimitExceeded" and e["message"].startswith(field + "=")
+
+
+def test_sql_within_the_limits_runs(client):
+    for statement in ("SELECT phrase FROM MASKED(?) USING bm25(blocks => 50) LIMIT 100",
+                      "EXPLAIN SELECT phrase FROM MASKED(?) USING dense(k => 100000)",
+                      "SELECT label FROM CLASSIFY(?, LABELS(a = 'Qatar')) USING bm25"):
+        r = client.post("/api/sql", json={"query": statement, "params": [Q]})
+        assert r.status_code == 200, r.text
+    body = client.post("/api/sql", json={"query": "SELECT id FROM DOCUMENTS"}).json()
+    assert body["truncated"] is False and len(body["rows"]) == 400   # LIMIT: rows are cut
+
+
+def test_threads_cap_holds_after_timeouts(versioned_db_path):
+    """Reads cut off by the time limit keep running on their threads; the cap on work at
+    once counts them, and a read whose request gave up while it waited never runs."""
+    import concurrent.futures as cf
+    import threading
+
+    lock = threading.Lock()
+    running, peak, calls = [0], [0], [0]
+
+    def slow_fill_mask(*args, **kw):
+        with lock:
+            running[0] += 1
+            calls[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.5)
+        with lock:
+            running[0] -= 1
+        raise AssertionError("never answered: the request timed out")
+
+    with TestClient(create_app(versioned_db_path, Settings(threads=2, time_limit=0.2))) as c:
+        c.app.state.server.db.fill_mask = slow_fill_mask
+        with cf.ThreadPoolExecutor(12) as ex:
+            codes = list(ex.map(lambda _: c.post("/api/fill_mask", json={"query": Q}
+                                                 ).status_code, range(12)))
+        assert codes == [503] * 12
+        deadline = time.time() + 10
+        while running[0] and time.time() < deadline:
+            time.sleep(0.05)
+    assert 1 <= peak[0] <= 2 and calls[0] < 12
+
+
+def test_classify_scores_that_overflow_are_null(client):
+    """A tiny tau overflows exp(similarity / tau): the answer is strict JSON, not a 500."""
+    r = client.post("/api/classify", json={"query": Q, "tau": 0.001,
+                                           "labels": {"a": "France", "b": "Greece"}})
+    assert r.status_code == 200, r.text
+    assert "Infinity" not in r.text and "NaN" not in r.text
+    assert None in [a["score"] for a in r.json()["answers"]]
+
+
+def test_classify_inf_score_is_null(client, monkeypatch):
+    from npmdb.query.result import Answer, Result
+
+    db = client.app.state.server.db
+    inf = Result((Answer("a", float("inf"), 1), Answer("b", float("nan"), 1)), query=Q)
+    monkeypatch.setattr(db, "classify", lambda *a, **kw: inf)
+    r = client.post("/api/classify", json={"query": Q, "labels": {"a": "x", "b": "y"}})
+    assert r.status_code == 200, r.text
+    assert [a["score"] for a in r.json()["answers"]] == [None, None]
+
+
+def test_sql_says_which_results_are_explain(client):
+    body = client.post("/api/sql", json={"query": "SELECT title AS plan FROM DOCUMENTS "
+                                                  "LIMIT 2"}).json()
+    assert body["columns"] == ["plan"] and body["explain"] is False
+    body = client.post("/api/sql", json={"query": "EXPLAIN SELECT phrase FROM MASKED(?)",
+                                         "params": [Q]}).json()
+    assert body["explain"] is True
+
+
+def test_token_redirect_keeps_the_path_and_stays_on_this_host(writer):
+    """The redirect that drops ?token= goes to the path as sent (still percent-encoded)
+    and never to another host (``//evil.example/x`` is scheme-relative)."""
+    import anyio
+
+    c, _ = writer
+
+    def redirect(raw: bytes) -> str:
+        path, _, query = raw.partition(b"?")
+        scope = {"type": "http", "http_version": "1.1", "method": "GET", "scheme": "http",
+                 "path": urllib.parse.unquote(path.decode()), "raw_path": path,
+                 "query_string": query, "root_path": "", "headers": [(b"host", b"testserver")],
+                 "server": ("testserver", 80), "client": ("127.0.0.1", 1)}
+        sent: list[dict] = []
+
+        async def receive():
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message):
+            sent.append(message)
+        anyio.run(c.app, scope, receive, send)
+        assert sent[0]["status"] == 303
+        return dict(sent[0]["headers"])[b"location"].decode()
+    assert redirect(b"/documents/a%3Fb?token=s3cret&x=1") == "/documents/a%3Fb?x=1"
+    assert redirect(b"//evil.example/x?token=s3cret") == "/evil.example/x"
+    assert redirect(b"/\\evil.example/x?token=s3cret").startswith("/evil.example")
+
+
+def test_openapi_matches_the_server(writer):
+    import inspect
+
+    from npmdb.database import Database
+    from npmdb.query.spec import ClassifySpec, MaskedSpec
+
+    c, _ = writer
+    doc = c.get("/openapi.json", headers={"Authorization": "Bearer s3cret"}).json()
+    schemas = doc["components"]["schemas"]
+    for method, name, spec in ((Database.fill_mask, "FillMaskRequest", MaskedSpec),
+                               (Database.classify, "ClassifyRequest", ClassifySpec)):
+        props = schemas[name]["properties"]
+        assert schemas[name]["additionalProperties"] is False
+        defaults = {f.name: f.default for f in __import__("dataclasses").fields(spec)}
+        defaults.update({n: p.default for n, p in inspect.signature(method).parameters.items()
+                         if p.default is not inspect.Parameter.empty})
+        for option, prop in props.items():
+            if "default" in prop and defaults.get(option) is not None:
+                assert prop["default"] == defaults[option], (name, option)
+    props = schemas["ClassifyRequest"]["properties"]
+    assert props["tau"]["default"] == 5.0
+    assert (props["tau"]["minimum"], props["tau"]["maximum"]) == (1e-3, 1e3)
+    fill = schemas["FillMaskRequest"]["properties"]
+    assert (fill["alpha"]["minimum"], fill["alpha"]["maximum"]) == (-16, 16)
+    assert (fill["max_len"]["minimum"], fill["max_len"]["maximum"]) == (1, 64)
+    assert fill["k"]["minimum"] == fill["blocks"]["minimum"] == 1
+    assert fill["offset"]["maximum"] == 10_000
+    assert schemas["SqlRequest"]["additionalProperties"] is False
+    error = schemas["Error"]["properties"]["error"]["properties"]
+    assert {"type", "message", "line", "column", "expected", "detail", "limit"} <= set(error)
+    params = {p["name"]: p["schema"] for p in doc["paths"]["/api/documents"]["get"]["parameters"]}
+    assert (params["limit"]["minimum"], params["offset"]["maximum"]) == (1, 1_000_000)
+    assert "404" in doc["paths"]["/api/documents/{id}"]["delete"]["responses"]
+    assert "404" in doc["paths"]["/api/tags/{name}"]["delete"]["responses"]
+    for code in ("405", "409"):
+        assert code in doc["paths"]["/api/tags"]["post"]["responses"]
+
+
+def test_delete_of_a_missing_document_is_404(writer):
+    c, _ = writer
+    auth = {"Authorization": "Bearer s3cret"}
+    e = error_of(c.delete("/api/documents/no-such-id", headers=auth), 404)
+    assert e["type"] == "NotFound" and "no-such-id" in e["message"]
+    assert c.get("/api/versions", headers=auth).json()["head"] == 1   # nothing committed
+
+
+@pytest.mark.parametrize("seconds", [0, -1, float("nan"), float("inf")])
+def test_time_limit_must_be_positive_and_finite(seconds):
+    from argparse import Namespace
+
+    import npmdb
+    from npmdb.serve import main
+
+    with pytest.raises(npmdb.ProgrammingError, match="time limit must be a positive"):
+        Settings(time_limit=seconds)
+    args = Namespace(db="/nonexistent", host="127.0.0.1", port=0, token=None, write=False,
+                     time_limit=seconds)
+    with pytest.raises(npmdb.ProgrammingError, match="--time-limit"):
+        main(args)
+
+
+def test_document_page_out_of_range_offsets(client):
+    r = client.get("/documents/freedict-eng-jpn:8705", params={"start": -5, "end": 3})
+    assert r.status_code == 200 and "hl current" not in r.text
+    r = client.get("/documents/freedict-eng-jpn:8705", params={"start": 5, "end": 10 ** 6})
+    assert r.status_code == 200 and "hl current" not in r.text
+    for page in ("50002", str(10 ** 30), "-3"):
+        r = client.get("/documents", params={"page": page})
+        assert r.status_code == 400 and "page must be 1 to 50,001" in r.text
+        assert "SELECT" not in r.text and "OFFSET" not in r.text
+    assert client.get("/documents", params={"page": "50001"}).status_code == 200
+
+
+def test_documents_limit_must_be_positive(client):
+    e = error_of(client.get("/api/documents", params={"limit": 0}), 400)
+    assert "limit must be 1 to 200" in e["message"]
+
+
+def test_405_has_allow_and_error_pages_know_write_mode(writer):
+    c, _ = writer
+    auth = {"Authorization": "Bearer s3cret"}
+    r = c.put("/api/documents", headers=auth)
+    assert r.status_code == 405
+    assert set(r.headers["allow"].split(", ")) >= {"GET", "POST"}
+    r = c.patch("/api/fill_mask", headers=auth)
+    assert r.status_code == 405 and r.headers["allow"] == "POST"
+    r = c.get("/documents/nope", headers=auth)
+    assert r.status_code == 404 and "read-write" in r.text and "read-only" not in r.text

@@ -170,3 +170,43 @@ def test_query_evidence_document_and_versions(browser, server, artefacts, versio
     assert errors == []
     assert all(u.startswith(server) for u in requested), "the page fetched from elsewhere"
     page.close()
+
+
+
+def _sql_console(browser, server):
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(server + "/sql")
+    return page, errors
+
+
+def _run_sql(page, statement: str) -> None:
+    page.fill("#sql", statement)
+    page.click("#sql-form button[type=submit]")
+    page.wait_for_function("!['running…', ''].includes("
+                           "document.getElementById('status').textContent)")
+
+
+def test_sql_console_shows_a_plan_only_for_explain(browser, server):
+    """The API says which results are EXPLAIN's; a column named "plan" is a table."""
+    page, errors = _sql_console(browser, server)
+    _run_sql(page, "SELECT title AS plan FROM DOCUMENTS LIMIT 3")
+    assert page.locator("#sql-result table tbody tr").count() == 3
+    _run_sql(page, "EXPLAIN SELECT phrase FROM MASKED('a [MASK]') USING bm25")
+    assert page.locator("#sql-result table").count() == 0
+    assert "BM25" in page.inner_text("#sql-result pre")
+    assert errors == []
+    page.close()
+
+
+def test_sql_console_reports_a_network_error(browser, server):
+    """A request that never reaches the server is an error, not "running…" for ever."""
+    page, errors = _sql_console(browser, server)
+    page.route("**/api/sql", lambda route: route.abort())
+    page.fill("#sql", "SELECT id FROM DOCUMENTS LIMIT 1")
+    page.click("#sql-form button[type=submit]")
+    page.wait_for_selector("#sql-error:not([hidden])", timeout=10_000)
+    assert page.inner_text("#status") == "error"
+    assert errors == []
+    page.close()

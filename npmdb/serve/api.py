@@ -12,11 +12,14 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from npmdb.query.result import json_text
+from npmdb.query.spec import ClassifySpec
 from npmdb.query.text import snippet_bounds
 
 from .app import ApiError, Server
+from .settings import MAX_OFFSET
 
-__all__ = ["routes", "answers_json", "context", "occurrences"]
+__all__ = ["routes", "answers_json", "context", "occurrences", "StrictJSONResponse",
+           "MAX_OFFSET"]
 
 #: fill_mask options the API passes on (after the limits below are checked).
 FILL_OPTIONS = ("top", "k", "mode", "retrieval", "blocks", "max_len", "tau", "alpha", "exact",
@@ -27,6 +30,14 @@ CLASSIFY_OPTIONS = ("tau", "k", "mode", "retrieval", "blocks", "max_len", "exact
                     "clean_edges", "bm25_title", "bm25_question", "calibrate", "evidence",
                     "version")
 CONTEXT = 80  # characters of context either side of an occurrence
+
+
+class StrictJSONResponse(JSONResponse):
+    """JSON as the standard has it: a NaN or infinite number (a label score that overflowed
+    at a small tau, ``1e308 * 10`` in SQL) is null, never a 500."""
+
+    def render(self, content: Any) -> bytes:
+        return json_text(content, separators=(",", ":")).encode("utf-8")
 
 
 async def read_json(request: Request, keys: Sequence[str] | None = None) -> dict[str, Any]:
@@ -74,10 +85,42 @@ def check_options(data: dict, allowed: tuple[str, ...], server: Server,
             continue
         if isinstance(v, bool) or not isinstance(v, int):
             raise ApiError(400, "ProgrammingError", f"{name} must be an integer, got {v!r}")
-        if v > most:
-            raise ApiError(400, "LimitExceeded", f"{name}={v} is over this server's limit "
-                           f"of {most}", limit=most)
+        check_limit(name, v, most)
     return opts
+
+
+def check_limit(name: str, value: int, most: int, how: str = "") -> None:
+    """A 400 LimitExceeded when ``value`` is over ``most``; ``top`` 0 (the engine's "every
+    answer") counts as over the limit. ``how`` says where the value came from in SQL."""
+    if value > most or (name == "top" and value == 0):
+        said = f"{name}={value}" + (" (every answer)" if value == 0 else "")
+        raise ApiError(400, "LimitExceeded", f"{said}{how} is over this server's limit of "
+                       f"{most}: ask for at most {most}", limit=most)
+
+
+def check_statement(server: Server, text: str, params: Any) -> None:
+    """Refuse a SQL statement that would run with k, blocks, top or evidence over the
+    server's limits (as /api/fill_mask does); a plain EXPLAIN runs nothing and passes. A
+    statement that does not compile is left to ``db.sql``, which reports it."""
+    from npmdb.query import ast as A
+    from npmdb.query.sql import prepare
+
+    try:
+        stmt, compiled, _ = prepare(text, params)
+    except Exception:  # noqa: BLE001 - db.sql raises the same error, with its position
+        return
+    if compiled is None or compiled.spec is None or (
+            isinstance(stmt, A.Explain) and not stmt.analyze):
+        return
+    spec, s = compiled.spec, server.settings
+    checks = [("k", spec.k, s.max_k, " (USING dense/hybrid/exact(k => N) or WITH k = N)"),
+              ("blocks", spec.blocks, s.max_blocks,
+               " (USING bm25/hybrid(blocks => N) or WITH blocks = N)"),
+              ("evidence", spec.evidence, s.max_evidence, " (WITH evidence = N)")]
+    if not isinstance(spec, ClassifySpec):  # CLASSIFY: every label, as many as given
+        checks.append(("top", spec.top, s.max_top, " (the LIMIT of a masked query)"))
+    for name, value, most, how in checks:
+        check_limit(name, value, most, how)
 
 
 def context(text: str, a: int, b: int, width: int = CONTEXT) -> dict[str, str]:
@@ -130,7 +173,7 @@ def routes(server: Server) -> list[Route]:
     db = server.db
     s = server.settings
 
-    async def fill_mask(request: Request) -> JSONResponse:
+    async def fill_mask(request: Request) -> StrictJSONResponse:
         data = await read_json(request)
         q = _query(data, server)
         opts = check_options(data, FILL_OPTIONS, server)
@@ -140,9 +183,9 @@ def routes(server: Server) -> list[Route]:
             vid = server.pin(opts.pop("version", None))
             res = db.fill_mask(q, version=vid, **opts)
             return result_json(server, res, vid, (time.perf_counter() - t0) * 1000)
-        return JSONResponse(await server.call(run))
+        return StrictJSONResponse(await server.call(run))
 
-    async def classify(request: Request) -> JSONResponse:
+    async def classify(request: Request) -> StrictJSONResponse:
         data = await read_json(request)
         q = _query(data, server)
         labels = data.get("labels")
@@ -161,9 +204,9 @@ def routes(server: Server) -> list[Route]:
             for a in out["answers"]:
                 a["label"] = a["text"]
             return out
-        return JSONResponse(await server.call(run))
+        return StrictJSONResponse(await server.call(run))
 
-    async def sql(request: Request) -> JSONResponse:
+    async def sql(request: Request) -> StrictJSONResponse:
         data = await read_json(request)
         q = _query(data, server)
         check_options(data, ("params",), server)
@@ -174,6 +217,7 @@ def routes(server: Server) -> list[Route]:
 
         def run():
             t0 = time.perf_counter()
+            check_statement(server, q, params)
             res = db.sql(q, params)
             ms = (time.perf_counter() - t0) * 1000
             cols, rows = (list(res.columns), [list(r) for r in res.rows]) \
@@ -181,9 +225,9 @@ def routes(server: Server) -> list[Route]:
                 (["text", "score", "support"], [[a.text, a.score, a.support] for a in res])
             body = {"columns": cols, "rows": rows[:s.max_rows], "truncated": len(rows) > s.max_rows,
                     "version": res.version, "generation": res.generation, "ms": round(ms, 3),
-                    "plan": res.plan}
-            return json.loads(json_text(body))
-        return JSONResponse(await server.call(run))
+                    "plan": res.plan, "explain": res.is_explain}
+            return body
+        return StrictJSONResponse(await server.call(run))
 
     async def versions(request: Request) -> JSONResponse:
         def run():
@@ -191,7 +235,7 @@ def routes(server: Server) -> list[Route]:
             head = next((v["id"] for v in vs if v["head"]), None)
             return {"versions": vs, "head": head,
                     "tags": {t: v["id"] for v in vs for t in v["tags"]}}
-        return JSONResponse(await server.call(run))
+        return StrictJSONResponse(await server.call(run))
 
     async def documents(request: Request) -> JSONResponse:
         p = request.query_params
@@ -200,14 +244,15 @@ def routes(server: Server) -> list[Route]:
             limit = int(p.get("limit", 20))
         except ValueError:
             raise ApiError(400, "BadRequest", "offset and limit must be integers") from None
-        if not (0 <= offset <= 1_000_000 and 0 <= limit <= s.max_page):
-            raise ApiError(400, "LimitExceeded", f"limit is at most {s.max_page}, offset "
-                           "at most 1,000,000", limit=s.max_page)
+        if not (0 <= offset <= MAX_OFFSET and 1 <= limit <= s.max_page):
+            raise ApiError(400, "LimitExceeded", f"limit must be 1 to {s.max_page} and offset "
+                           f"0 to {MAX_OFFSET:,}; got limit={limit}, offset={offset}",
+                           limit=s.max_page)
         q = p.get("q") or None
         if q is not None and len(q) > s.max_query:
             raise ApiError(413, "PayloadTooLarge", f"'q' is over {s.max_query} characters")
-        return JSONResponse(await server.call(page_of_documents, server, p.get("version"), q,
-                                              offset, limit))
+        page = await server.call(page_of_documents, server, p.get("version"), q, offset, limit)
+        return StrictJSONResponse(page)
 
     async def document(request: Request) -> JSONResponse:
         doc_id = request.path_params["doc_id"]
@@ -218,7 +263,7 @@ def routes(server: Server) -> list[Route]:
             if d is None:
                 raise ApiError(404, "NotFound", f"no document {doc_id!r} at version {vid}")
             return d | {"version": vid}
-        return JSONResponse(await server.call(run))
+        return StrictJSONResponse(await server.call(run))
 
     async def diff(request: Request) -> JSONResponse:
         p = request.query_params
@@ -230,7 +275,7 @@ def routes(server: Server) -> list[Route]:
             d = db.diff(a, b)
             return {"a": a, "b": b, "added": list(d.added), "removed": list(d.removed),
                     "changed": list(d.changed)}
-        return JSONResponse(await server.call(run))
+        return StrictJSONResponse(await server.call(run))
 
     async def openapi(request: Request) -> JSONResponse:
         from .openapi import schema
@@ -266,7 +311,7 @@ def page_of_documents(server: Server, version: Any, q: str | None, offset: int,
     vid = server.pin(version)
     total = db.count(vid)
     if q:
-        hits = db.search(q, limit=offset + limit + 1, version=vid)
+        hits = best_block_per_document(db, q, offset + limit + 1, vid)
         rows = [{"id": h["doc_id"], "title": h["title"], "snippet": h["snippet"],
                  "score": h["score"]} for h in hits[offset:offset + limit]]
         more = len(hits) > offset + limit
@@ -277,6 +322,21 @@ def page_of_documents(server: Server, version: Any, q: str | None, offset: int,
         more = len(res.rows) > limit
     return {"version": vid, "total": total, "offset": offset, "limit": limit, "q": q,
             "documents": rows, "more": more}
+
+
+def best_block_per_document(db: Any, q: str, want: int, vid: int) -> list[dict[str, Any]]:
+    """BM25 hits for ``q``, one per document (its best block), best first: up to ``want``
+    documents. ``db.search`` ranks blocks, and a long document has many; more blocks are
+    fetched until ``want`` distinct documents are found or the hits run out."""
+    fetch = want
+    while True:
+        hits = db.search(q, limit=fetch, version=vid)
+        best: dict[str, dict[str, Any]] = {}
+        for h in hits:  # best first: a document's first hit is its best block
+            best.setdefault(h["doc_id"], h)
+        if len(best) >= want or len(hits) < fetch:
+            return list(best.values())[:want]
+        fetch *= 2
 
 
 def write_routes(server: Server) -> list[Route]:
@@ -296,14 +356,16 @@ def write_routes(server: Server) -> list[Route]:
 
         def run():  # all or nothing: every document is added, or none
             return {"version": db.add(docs, message=message), "added": len(docs)}
-        return JSONResponse(await server.write(run), status_code=201)
+        return StrictJSONResponse(await server.write(run), status_code=201)
 
     async def delete(request: Request) -> JSONResponse:
         doc_id = request.path_params["doc_id"]
 
         def run():
+            if db.get(doc_id, version=server.pin()) is None:
+                raise ApiError(404, "NotFound", f"no document {doc_id!r} at HEAD to delete")
             return {"version": db.delete(doc_id)}
-        return JSONResponse(await server.write(run))
+        return StrictJSONResponse(await server.write(run))
 
     async def tag(request: Request) -> JSONResponse:
         data = await read_json(request, ("name", "version", "move"))
@@ -315,7 +377,7 @@ def write_routes(server: Server) -> list[Route]:
 
         def run():
             return {"tag": name, "version": db.tag(name, server.pin(ref), move=move)}
-        return JSONResponse(await server.write(run))
+        return StrictJSONResponse(await server.write(run))
 
     async def untag(request: Request) -> JSONResponse:
         name = request.path_params["name"]
@@ -324,7 +386,7 @@ def write_routes(server: Server) -> list[Route]:
             if not any(name in v["tags"] for v in db.versions()):
                 raise ApiError(404, "NotFound", f"no tag named {name!r}")
             return {"tag": name, "version": db.untag(name)}
-        return JSONResponse(await server.write(run))
+        return StrictJSONResponse(await server.write(run))
 
     return [Route("/api/documents", add, methods=["POST"]),
             Route("/api/documents/{doc_id:path}", delete, methods=["DELETE"]),

@@ -23,17 +23,18 @@ from __future__ import annotations
 import hmac
 import json
 import os
+import threading
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 import anyio
 import anyio.to_thread
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
-from starlette.routing import Mount, Route
+from starlette.routing import Match, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
@@ -92,6 +93,10 @@ class Server:
         self.db = npmdb.open(db_path, create=False, readonly=not settings.write, progress=False,
                              timeout=settings.time_limit, **sharded)
         self.limiter = anyio.CapacityLimiter(settings.threads)
+        # the cap on work running at once, held by the worker thread itself: a read cut
+        # off by the time limit is abandoned by its request (and gives back its limiter
+        # token) but its thread runs on; it keeps its slot until it ends
+        self.slots = threading.BoundedSemaphore(settings.threads)
 
     def warm(self) -> None:
         """Load HEAD's encoder and run one query so the first request is not the slow one."""
@@ -117,24 +122,37 @@ class Server:
         return self.db.checkout(ref).version
 
     async def call(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
-        """Run blocking ``fn`` on a worker thread within the per-request time limit."""
+        """Run blocking ``fn`` on a worker thread within the per-request time limit. At most
+        ``threads`` calls run at once, counting those whose request timed out (still
+        running, abandoned); a call whose request timed out while it waited never runs."""
+        abandoned = threading.Event()
         try:
             with anyio.fail_after(self.settings.time_limit):
-                return await anyio.to_thread.run_sync(partial(fn, *args, **kw),
-                                                      limiter=self.limiter,
-                                                      abandon_on_cancel=True)
+                return await anyio.to_thread.run_sync(
+                    partial(self._run_in_slot, abandoned, partial(fn, *args, **kw)),
+                    limiter=self.limiter, abandon_on_cancel=True)
         except TimeoutError:
+            abandoned.set()
             raise ApiError(503, "Timeout", f"the request took longer than the "
                            f"{self.settings.time_limit:g} s limit") from None
         except Error as exc:
             raise from_npmdb(exc) from None
+
+    def _run_in_slot(self, abandoned: threading.Event | None, fn: Callable[[], Any]) -> Any:
+        """On the worker thread: wait for one of the ``threads`` slots and run ``fn`` in it,
+        unless the request gave up while this waited."""
+        with self.slots:
+            if abandoned is not None and abandoned.is_set():
+                return None  # nobody reads the answer
+            return fn()
 
     async def write(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
         """Run a write on a worker thread to its end. A write is not cut off by the time
         limit: abandoned, it would still commit after the client was told it failed (and
         a retry would add its documents twice)."""
         try:
-            return await anyio.to_thread.run_sync(partial(fn, *args, **kw), limiter=self.limiter)
+            return await anyio.to_thread.run_sync(
+                partial(self._run_in_slot, None, partial(fn, *args, **kw)), limiter=self.limiter)
         except Error as exc:
             raise from_npmdb(exc) from None
 
@@ -169,7 +187,7 @@ class Guard:
                     and not scope["path"].startswith("/api/"):
                 q = urlencode([(k, v) for k, v in request.query_params.multi_items()
                                if k != "token"])
-                resp = RedirectResponse(scope["path"] + (f"?{q}" if q else ""), 303)
+                resp = RedirectResponse(_same_path(scope) + (f"?{q}" if q else ""), 303)
                 resp.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict")
                 return await resp(scope, receive, send)
         limit = (self.settings.max_body_write
@@ -193,6 +211,16 @@ class Guard:
             await self.app(scope, bounded_receive, send)
         except _BodyTooLarge:
             await _too_large(limit)(scope, receive, send)
+
+
+def _same_path(scope: dict) -> str:
+    """The request's own path for a Location header: as the client sent it (still
+    percent-encoded: ``/documents/a%3Fb`` must not become ``/documents/a?b``), with one
+    leading slash (``//evil.example/x`` would send the browser to another host)."""
+    raw = scope.get("raw_path")
+    path = raw.decode("latin-1") if raw else quote(scope["path"], safe="/:@!$&'()*+,;=~")
+    path = path.split("?", 1)[0]
+    return "/" + path.lstrip("/\\")
 
 
 class _BodyTooLarge(Exception):
@@ -227,13 +255,18 @@ def build_app(db_path: str | os.PathLike, settings: Settings) -> Starlette:
         return Response("not found", status_code=404, media_type="text/plain")
 
     async def method_not_allowed(request: Request, exc: Exception) -> Response:
-        return ApiError(405, "MethodNotAllowed", f"{request.method} is not allowed on "
-                        f"{request.url.path}").response()
+        allow = _allowed_methods(app, request.scope)
+        resp = ApiError(405, "MethodNotAllowed", f"{request.method} is not allowed on "
+                        f"{request.url.path}; allowed: {', '.join(allow)}").response()
+        resp.headers["Allow"] = ", ".join(allow)
+        return resp
 
     async def api_error(request: Request, exc: ApiError) -> Response:
         if request.url.path.startswith("/api/") or exc.status in (401, 413):
             return exc.response()
-        return templates.TemplateResponse(request, "error.html", {"error": exc},
+        return templates.TemplateResponse(request, "error.html",
+                                          {"error": exc, "page": "error",
+                                           "write": settings.write},
                                           status_code=exc.status)
 
     async def internal(request: Request, exc: Exception) -> Response:
@@ -247,6 +280,17 @@ def build_app(db_path: str | os.PathLike, settings: Settings) -> Starlette:
     app.state.server = server
     app.add_middleware(Guard, settings=settings)
     return app
+
+
+def _allowed_methods(app: Starlette, scope: dict) -> list[str]:
+    """Every method some route takes on the request's path (the Allow header of a 405:
+    a path can have several routes, GET and POST /api/documents)."""
+    methods: set[str] = set()
+    for route in app.router.routes:
+        if isinstance(route, Route) and route.methods and \
+                route.matches(scope)[0] != Match.NONE:
+            methods |= route.methods
+    return sorted(methods)
 
 
 class _lifespan:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .settings import Settings
+from npmdb.query.spec import RANGES
+
+from .settings import MAX_OFFSET, Settings
 
 __all__ = ["schema"]
 
@@ -21,10 +23,22 @@ def _ok(name: str, description: str = "OK") -> dict:
     return {"description": description, "content": {"application/json": {"schema": _ref(name)}}}
 
 
-ERRORS = {"400": _ok("Error", "bad request, bad query (ProgrammingError) or over a limit"),
+ERRORS = {"400": _ok("Error", "bad request, bad query (ProgrammingError) or over a limit "
+                              "(LimitExceeded, with the limit)"),
           "401": _ok("Error", "missing or wrong access token"),
+          "405": _ok("Error", "method not allowed on this path (the Allow header lists "
+                              "those that are)"),
+          "409": _ok("Error", "a conflict: IntegrityError (a write) or OperationalError "
+                              "(the database is busy: retry)"),
           "413": _ok("Error", "request body or query too large"),
+          "500": _ok("Error", "internal error (details in the server log)"),
           "503": _ok("Error", "over the per-request time limit")}
+NOT_FOUND = {"404": _ok("Error", "no such document or tag (NotFound)")}
+
+
+def _range(name: str) -> dict[str, float]:
+    lo, hi = RANGES[name]
+    return {"minimum": lo, "maximum": hi}
 
 
 def schema(settings: Settings) -> dict[str, Any]:
@@ -32,18 +46,18 @@ def schema(settings: Settings) -> dict[str, Any]:
     version_param = {"name": "version", "in": "query", "required": False,
                      "schema": {"type": ["integer", "string"]}, "description": "id or tag"}
     options = {
-        "top": {"type": "integer", "minimum": 0, "maximum": s.max_top, "default": 5},
+        "top": {"type": "integer", "minimum": 1, "maximum": s.max_top, "default": 5},
         "k": {"type": "integer", "minimum": 1, "maximum": s.max_k, "default": 1024},
-        "mode": {"enum": ["phrase", "token"]},
-        "blocks": {"type": "integer", "maximum": s.max_blocks, "default": 3},
-        "max_len": {"type": "integer", "default": 10},
-        "tau": {"type": "number", "default": 1.0},
-        "alpha": {"type": "number", "default": 0.0},
-        "exact": {"type": "boolean"},
-        "scoring": {"enum": ["npm", "raw"]},
-        "group_by": {"enum": ["phrase", "tokens", "document", "word"]},
-        "clean_edges": {"type": "boolean"},
-        "no_stopwords": {"type": "boolean"},
+        "mode": {"enum": ["phrase", "token"], "default": "phrase"},
+        "blocks": {"type": "integer", "minimum": 1, "maximum": s.max_blocks, "default": 3},
+        "max_len": {"type": "integer", "minimum": 1, "maximum": 64, "default": 10},
+        "tau": {"type": "number", **_range("tau"), "default": 1.0},
+        "alpha": {"type": "number", **_range("alpha"), "default": 0.0},
+        "exact": {"type": "boolean", "default": False},
+        "scoring": {"enum": ["npm", "raw"], "default": "npm"},
+        "group_by": {"enum": ["phrase", "tokens", "document", "word"], "default": "phrase"},
+        "clean_edges": {"type": "boolean", "default": True},
+        "no_stopwords": {"type": "boolean", "default": False},
         "not_in_query": {"type": "boolean", "default": True},
         "no_query_words": {"type": "boolean", "default": True},
         "not_subject_name": {"type": "boolean", "default": True,
@@ -54,25 +68,37 @@ def schema(settings: Settings) -> dict[str, Any]:
                                        "capitalised name"},
         "bm25_title": {"type": "boolean", "default": True},
         "bm25_question": {"type": "boolean", "default": False},
-        "bm25_prior": {"type": "number", "default": 0.5, "minimum": 0, "maximum": 100,
+        "bm25_prior": {"type": "number", "default": 0.5, **_range("bm25_prior"),
                        "description": "weight of each BM25 block's text score in the span "
                                       "scores (0: NPM's scores)"},
-        "evidence": {"type": "integer", "maximum": s.max_evidence},
-        "offset": {"type": "integer"},
+        "evidence": {"type": "integer", "minimum": 0, "maximum": s.max_evidence, "default": 3,
+                     "description": "occurrences kept per answer"},
+        "offset": {"type": "integer", "minimum": 0, "maximum": s.max_rows, "default": 0},
         "version": {"type": ["integer", "string"], "description": "AS OF: id or tag"},
     }
     schemas = {
         "Error": {"type": "object", "required": ["error"], "properties": {"error": {
             "type": "object", "required": ["type", "message"], "properties": {
-                "type": {"type": "string", "examples": ["ProgrammingError", "BadRequest",
-                                                        "Unauthorized", "PayloadTooLarge"]},
-                "message": {"type": "string"}, "line": {"type": "integer"},
-                "column": {"type": "integer"}}}}},
-        "FillMaskRequest": {"type": "object", "required": ["query"], "properties": {
+                "type": {"type": "string", "examples": [
+                    "ProgrammingError", "BadRequest", "LimitExceeded", "NotFound", "ReadOnly",
+                    "Unauthorized", "MethodNotAllowed", "IntegrityError", "OperationalError",
+                    "PayloadTooLarge", "Timeout", "InternalError"]},
+                "message": {"type": "string"},
+                "line": {"type": "integer", "description": "ProgrammingError of a parse: "
+                                                            "where in the query (from 1)"},
+                "column": {"type": "integer"},
+                "expected": {"type": "array", "items": {"type": "string"},
+                             "description": "what the parser expected there"},
+                "detail": {"type": "string", "description": "the parse error without the "
+                                                           "query and caret"},
+                "limit": {"type": "integer", "description": "LimitExceeded: the limit"}}}}},
+        "FillMaskRequest": {"type": "object", "required": ["query"],
+                            "additionalProperties": False, "properties": {
             "query": {"type": "string", "maxLength": s.max_query}, **options,
             "retrieval": {"enum": ["bm25", "dense", "hybrid"], "default": "bm25",
                           "description": "BM25 blocks; dense when exact is true"}}},
-        "ClassifyRequest": {"type": "object", "required": ["query", "labels"], "properties": {
+        "ClassifyRequest": {"type": "object", "required": ["query", "labels"],
+                            "additionalProperties": False, "properties": {
             "query": {"type": "string", "maxLength": s.max_query},
             "labels": {"type": "object", "additionalProperties": {
                 "oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}},
@@ -82,7 +108,8 @@ def schema(settings: Settings) -> dict[str, Any]:
                                                              "group_by", "no_stopwords",
                                                              "not_in_query", "no_query_words",
                                                              "not_subject_name", "whole_names",
-                                                             "bm25_prior", "offset")}}},
+                                                             "bm25_prior", "offset")},
+            "tau": {**options["tau"], "default": 5.0}}},
         "Evidence": {"type": "object", "properties": {
             "doc_id": {"type": "string"}, "title": {"type": "string"},
             "start": {"type": "integer"}, "end": {"type": "integer"},
@@ -92,6 +119,7 @@ def schema(settings: Settings) -> dict[str, Any]:
         "Answer": {"type": "object", "properties": {
             "text": {"type": "string"}, "score": {"type": "number"},
             "support": {"type": "integer"}, "tokens": {"type": "integer"},
+            "label": {"type": "string", "description": "classify: the label (= text)"},
             "evidence": {"type": "array", "items": _ref("Evidence")}}},
         "Answers": {"type": "object", "properties": {
             "answers": {"type": "array", "items": _ref("Answer")},
@@ -101,7 +129,8 @@ def schema(settings: Settings) -> dict[str, Any]:
                 "operator": {"type": "string"}, "detail": {"type": "string"},
                 "rows": {"type": "integer"}, "ms": {"type": "number"},
                 "depth": {"type": "integer"}}}}}},
-        "SqlRequest": {"type": "object", "required": ["query"], "properties": {
+        "SqlRequest": {"type": "object", "required": ["query"], "additionalProperties": False,
+                       "properties": {
             "query": {"type": "string", "maxLength": s.max_query},
             "params": {"oneOf": [{"type": "array"}, {"type": "object"}]}}},
         "SqlResult": {"type": "object", "properties": {
@@ -111,7 +140,9 @@ def schema(settings: Settings) -> dict[str, Any]:
                                     "is null: JSON has neither"},
             "truncated": {"type": "boolean"}, "version": {"type": ["integer", "null"]},
             "generation": {"type": ["integer", "null"]}, "ms": {"type": "number"},
-            "plan": {"type": "string"}}},
+            "plan": {"type": "string"},
+            "explain": {"type": "boolean", "description": "an EXPLAIN: each row is a line "
+                                                          "of plan"}}},
         "Versions": {"type": "object", "properties": {
             "versions": {"type": "array", "items": {"type": "object"}},
             "head": {"type": ["integer", "null"]}, "tags": {"type": "object"}}},
@@ -119,10 +150,14 @@ def schema(settings: Settings) -> dict[str, Any]:
             "id": {"type": "string"}, "title": {"type": "string"}, "text": {"type": "string"},
             "meta": {"type": "object"}, "version": {"type": "integer"}}},
         "DocumentPage": {"type": "object", "properties": {
-            "documents": {"type": "array", "items": {"type": "object"}},
+            "documents": {"type": "array", "items": {"type": "object", "properties": {
+                "id": {"type": "string"}, "title": {"type": "string"},
+                "snippet": {"type": "string"},
+                "score": {"type": "number", "description": "with q: the BM25 score of the "
+                                                           "document's best block"}}}},
             "total": {"type": "integer"}, "offset": {"type": "integer"},
             "limit": {"type": "integer"}, "more": {"type": "boolean"},
-            "version": {"type": "integer"}}},
+            "q": {"type": ["string", "null"]}, "version": {"type": "integer"}}},
         "AddRequest": {"type": "object", "required": ["documents"],
                        "additionalProperties": False, "properties": {
             "documents": {"type": "array", "items": {"oneOf": [{"type": "string"},
@@ -154,13 +189,17 @@ def schema(settings: Settings) -> dict[str, Any]:
                                   {"name": "b", "in": "query", "required": False,
                                    "schema": {"type": "string"}}],
                               "responses": {"200": {"description": "OK"}, **ERRORS}}},
-        "/api/documents": {"get": {"summary": "A page of documents, or BM25 hits for q",
+        "/api/documents": {"get": {"summary": "A page of documents, or BM25 hits for q (each "
+                                              "document once, ranked by its best block)",
                                    "parameters": [
-                                       {"name": "q", "in": "query", "schema": {"type": "string"}},
+                                       {"name": "q", "in": "query",
+                                        "schema": {"type": "string", "maxLength": s.max_query}},
                                        {"name": "offset", "in": "query",
-                                        "schema": {"type": "integer"}},
+                                        "schema": {"type": "integer", "minimum": 0,
+                                                   "maximum": MAX_OFFSET, "default": 0}},
                                        {"name": "limit", "in": "query",
-                                        "schema": {"type": "integer", "maximum": s.max_page}},
+                                        "schema": {"type": "integer", "minimum": 1,
+                                                   "maximum": s.max_page, "default": 20}},
                                        version_param],
                                    "responses": {"200": _ok("DocumentPage"), **ERRORS}}},
         "/api/documents/{id}": {"get": {"summary": "One document",
@@ -168,8 +207,8 @@ def schema(settings: Settings) -> dict[str, Any]:
                                                         "required": True,
                                                         "schema": {"type": "string"}},
                                                        version_param],
-                                        "responses": {"200": _ok("Document"),
-                                                      "404": _ok("Error"), **ERRORS}}},
+                                        "responses": {"200": _ok("Document"), **NOT_FOUND,
+                                                      **ERRORS}}},
     }
     if s.write:
         paths["/api/documents"]["post"] = {
@@ -179,7 +218,7 @@ def schema(settings: Settings) -> dict[str, Any]:
             "summary": "Delete a document (a new version)",
             "parameters": [{"name": "id", "in": "path", "required": True,
                             "schema": {"type": "string"}}],
-            "responses": {"200": _ok("VersionId"), **ERRORS}}
+            "responses": {"200": _ok("VersionId"), **NOT_FOUND, **ERRORS}}
         paths["/api/tags"] = {"post": {"summary": "Name a version",
                                        "requestBody": _json_body("TagRequest"),
                                        "responses": {"200": _ok("VersionId"), **ERRORS}}}
@@ -188,12 +227,16 @@ def schema(settings: Settings) -> dict[str, Any]:
                        "keeping it)",
             "parameters": [{"name": "name", "in": "path", "required": True,
                             "schema": {"type": "string"}}],
-            "responses": {"200": _ok("VersionId"), **ERRORS}}}
+            "responses": {"200": _ok("VersionId"), **NOT_FOUND, **ERRORS}}}
     doc: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": "npmdb", "version": "0.1.0",
                  "description": "Masked-span queries, classification and SQL over an npmdb "
-                                "database. Errors: {\"error\": {type, message, line?, column?}}."},
+                                "database. Errors: {\"error\": {type, message, line?, column?, "
+                                "expected?, detail?, limit?}}."
+                                + ("" if s.write else " This server is read-only: POST and "
+                                   "DELETE on /api/documents and /api/tags answer 403 "
+                                   "ReadOnly.")},
         "paths": paths,
         "components": {"schemas": schemas},
     }

@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.routing import Route
 from starlette.templating import Jinja2Templates
 
-from .api import occurrences, page_of_documents
+from .api import MAX_OFFSET, occurrences, page_of_documents
 from .app import ApiError, Server
 
 __all__ = ["routes", "highlight"]
@@ -43,6 +43,15 @@ def _int(value: str | None) -> int | None:
         raise ApiError(400, "BadRequest", f"expected an integer, got {value!r}") from None
 
 
+def _span(start: int | None, end: int | None, length: int) -> tuple[int, int] | None:
+    """The occurrence a link names, or None when it names none in a text of ``length``
+    characters (missing, negative, past the end, empty): Python's negative indexes would
+    highlight other text."""
+    if start is None or end is None or not 0 <= start < end <= length:
+        return None
+    return start, end
+
+
 def routes(server: Server, templates: Jinja2Templates) -> list[Route]:
     db = server.db
     s = server.settings
@@ -61,7 +70,10 @@ def routes(server: Server, templates: Jinja2Templates) -> list[Route]:
     async def documents(request: Request):
         p = request.query_params
         per = 20
-        page = max(1, _int(p.get("page")) or 1)
+        page = _int(p.get("page")) or 1
+        last = MAX_OFFSET // per + 1
+        if not 1 <= page <= last:
+            raise ApiError(400, "BadRequest", f"page must be 1 to {last:,}, got {page}")
         q = (p.get("q") or "")[:s.max_query] or None
         data = await server.call(page_of_documents, server, p.get("version"), q,
                                  (page - 1) * per, per)
@@ -81,11 +93,11 @@ def routes(server: Server, templates: Jinja2Templates) -> list[Route]:
             if d is None:
                 raise ApiError(404, "NotFound", f"no document {doc_id!r} at version {vid}")
             text = d["text"]
-            if not phrase and start is not None and end is not None:
+            current = _span(start, end, len(text))
+            if not phrase and current is not None:
                 spans = occurrences(text, text[start:end])
             else:
                 spans = occurrences(text, phrase)
-            current = (start, end) if start is not None and end is not None else None
             label = phrase or (text[start:end] if current else "")
             return vid, d, highlight(text, spans, current), len(spans), label
         vid, d, pieces, n, label = await server.call(run)

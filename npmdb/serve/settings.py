@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+import numbers
+from dataclasses import dataclass, fields
 
-__all__ = ["Settings"]
+from ..errors import ProgrammingError
+
+__all__ = ["Settings", "MAX_OFFSET"]
+
+MAX_OFFSET = 1_000_000  # the furthest offset GET /api/documents (and /documents) pages to
 
 
 @dataclass(frozen=True)
@@ -27,3 +33,15 @@ class Settings:
     threads: int = 4                  # requests executing at once; the rest wait
     shards: int | None = None         # sharded search over this many shards (read-only)
     engine: str = "ray"               # where the shards run ('ray' | 'local')
+
+    def __post_init__(self) -> None:
+        t = self.time_limit
+        if isinstance(t, bool) or not isinstance(t, numbers.Real) or not (
+                math.isfinite(t) and t > 0):
+            raise ProgrammingError(f"the time limit must be a positive number of seconds "
+                                   f"(--time-limit 30), got {t!r}")
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name.startswith("max_") or f.name == "threads":
+                if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                    raise ProgrammingError(f"{f.name} must be a positive integer, got {v!r}")

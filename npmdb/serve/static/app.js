@@ -140,12 +140,13 @@ function initSql() {
     errBox.hidden = true;
     try {
       const data = await api("/api/sql", {query: text.value});
-      out.replaceChildren(data.columns.length === 1 && data.columns[0] === "plan"
-        ? el("pre", {}, data.plan) : renderTable(data));
+      // the API says which results are EXPLAIN's; a column merely named "plan" is data
+      out.replaceChildren(data.explain === true ? el("pre", {}, data.plan) : renderTable(data));
       status.textContent = data.rows.length + " rows · " + data.ms.toFixed(1) + " ms" +
         (data.version !== null ? " · version " + data.version : "") + (data.truncated ? " (cut)" : "");
     } catch (err) {
-      errBox.textContent = (err.info.type ? err.info.type + ": " : "") + err.message;
+      // a network failure rejects fetch with a TypeError that has no .info
+      errBox.textContent = (err.info && err.info.type ? err.info.type + ": " : "") + err.message;
       errBox.hidden = false;
       status.textContent = "error";
       out.replaceChildren();
