@@ -138,6 +138,9 @@ class Database(Versioning):
             else:
                 self._check_existing(encoder, create=dict(block_len=block_len, codec=codec,
                                                           dense=dense) if create else None)
+                # search settings too: refine=0 or nprobe="4" on reopening an IVF database
+                # gave no candidates or an InternalError
+                check_ivf_params(self.dense_params.ivf, self.config["dim"])
                 if asked_index is not None and self.config.get("dense") != dense:
                     raise ProgrammingError(
                         f"{self.path} writes {self.config.get('dense')!r} indexes, not "

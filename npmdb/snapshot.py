@@ -54,6 +54,7 @@ class Snapshot:
         self._columns: dict[int, SegmentColumns] = {}
         self._columns_lock = threading.Lock()
         self._ivf_entries: int | None = None
+        self._whole: Snapshot | None = None  # for a subset: the snapshot it is a part of
 
     def encoder(self) -> "Encoder":
         return self._encoder()
@@ -82,8 +83,10 @@ class Snapshot:
             raise OperationalError(f"version {self.manifest.id} has {n} segments; asked for "
                                    f"segments {bad}: the shard and the coordinator disagree "
                                    "on the version")
-        return Snapshot(self.txn, self.manifest, [self.segments[si] for si in segs],
-                        self._encoder, self.doc_filter, self._filter_cache)
+        sub = Snapshot(self.txn, self.manifest, [self.segments[si] for si in segs],
+                       self._encoder, self.doc_filter, self._filter_cache)
+        sub._whole = self  # the lists a search probes follow the whole version's entries
+        return sub
 
     def close(self) -> None:
         """Let go of the transaction and of every view of its pages."""
@@ -99,6 +102,8 @@ class Snapshot:
         """Entries in the IVF-PQ lists of every segment of this snapshot (one template per
         generation: list ``i`` of each segment is a part of one list ``i``), which sets how
         many lists a search probes (:func:`npmdb.storage.ivf.probe_count`); 0 without."""
+        if self._whole is not None:  # a shard's part probes as the whole version does
+            return self._whole.ivf_entries()
         if self._ivf_entries is None:
             total = 0
             for seg in self.segments:

@@ -220,8 +220,11 @@ class Exchange(Operator):
                 exact = _by_segment([p["exact"] for p in parts])
                 approx = _by_segment([p.get("approx", []) for p in parts])
                 if approx:
-                    refine = max(p["refine"] for p in parts)
-                    rescored = {si: (pos, sc) for p in parts for si, pos, sc in p["rescored"]}
+                    # a shard whose segments are all exact (a small first IVF add) has
+                    # no approximate hits: it sends no refine factor and no re-scores
+                    refine = max(p.get("refine", 0) for p in parts)
+                    rescored = {si: (pos, sc) for p in parts
+                                for si, pos, sc in p.get("rescored", ())}
                     exact += _exact_of(_top_candidates(approx, op.k * refine), rescored)
                 merged = _merge_topk(op.side, exact, op.k, q)
                 if isinstance(op, DenseTopK):

@@ -226,6 +226,11 @@ def test_bad_parameters_are_clear_errors_and_write_nothing(tmp_path, tiny_encode
             npmdb.open(tmp_path / "c", index="hnsw", progress=False)
         with pytest.raises(npmdb.ProgrammingError, match="unknown index kind"):
             db.optimize(index="annoy")
+    for bad in (dict(refine=0), dict(refine=-2), dict(nprobe=0), dict(refine=2.5),
+                dict(nprobe="4")):  # reopening: they gave no candidates or an InternalError
+        with pytest.raises(npmdb.ProgrammingError, match="IvfParams"):
+            npmdb.open(tmp_path / "c", readonly=True, progress=False,
+                       dense_params=DenseParams(ivf=I.IvfParams(**bad)))
 
 
 _ADDER = """

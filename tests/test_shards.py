@@ -94,6 +94,28 @@ def test_local_shards_answer_as_one_process(sharded_db_path):
         _check_all(one, many)
 
 
+def test_shards_over_approximate_ivf_segments_and_a_flat_one(tmp_path, tiny_encoder,
+                                                            sample_corpus):
+    """A first IVF add too small to train gets an exact segment: a shard holding only it
+    sent no refine factor (KeyError). Each shard probed lists by its own segments' entries,
+    not the version's, so its candidates (and the answers) differed from one process."""
+    path = tmp_path / "db"
+    with npmdb.open(path, encoder=tiny_encoder, index="ivf", codec="int4",
+                    progress=False) as db:
+        db.add(sample_corpus[:5])
+        db.add(sample_corpus[5:1800])
+        db.add(sample_corpus[1800:2600])
+    with npmdb.open(path, readonly=True) as one, \
+            npmdb.open(path, readonly=True, engine="local", shards=3) as many:
+        with one.snapshot() as snap:
+            approximate = [s.ivf_file(snap.generation).approximate for s in snap.segments]
+        assert approximate == [False, True, True]
+        for q in QUERIES:
+            _same(one, many, lambda db: db.fill_mask(q, retrieval="dense", k=32, evidence=1))
+            _same(one, many, lambda db: db.fill_mask(q, retrieval="dense", mode="token",
+                                                     k=64))
+
+
 def test_more_shards_than_segments(hnsw_db_path):
     with npmdb.open(hnsw_db_path, readonly=True) as one, \
             npmdb.open(hnsw_db_path, readonly=True, engine="local", shards=7) as many:
