@@ -21,6 +21,7 @@ import numpy as np
 from .corpus import Document
 from .errors import OperationalError
 from npmdb.storage import codec as C
+from npmdb.storage import ivf
 from npmdb.storage import versions as V
 from npmdb.storage.dense import AUTO, AUTO_IVF_TOKENS, IVF
 from npmdb.storage.cleanup import drop_unkept, empty_trash
@@ -81,7 +82,6 @@ def optimize(writer: "Writer", message: str = "", index: str | None = None,
     for HEAD's corpus, codes the merged segment against it (even a single segment is
     rewritten) and commits the template with it; later segments use it.
     """
-    from npmdb.storage import ivf
     from npmdb.storage import retrain as R
 
     V.check_message(message)
@@ -197,11 +197,16 @@ def _merge_live(sw: Any, r: "SegmentReader", txn, head: V.Manifest,
             "block_doc": bdoc[b0:b1] - d0})
         n, copy = r.chunk, _same_codec(r.record.codec, sw.codec.name)
         if coded is False:
-            # rows copied in their codec into an IVF segment of the same generation (one
-            # template): the source's list numbers and PQ codes are copied too, not
-            # computed again (a kind can only turn to ivf as tokens arrive, never back)
-            coded = (r.ivf_coded(head.generation)
-                     if copy and copy_codes and sw.kind() == IVF else None)
+            # rows copied in their codec into an IVF segment coded against the template
+            # the source's entries were coded with: its list numbers and PQ codes are
+            # copied too, not computed again (a kind can only turn to ivf as tokens
+            # arrive, never back). A segment of a version restored from before a retrain
+            # holds codes of the old template: its rows are coded anew.
+            coded = None
+            if copy and copy_codes and sw.kind() == IVF and r.record.dense == IVF:
+                template = sw.template or ivf.read_template(sw.env, sw.gen)
+                if r.ivf_file(head.generation).coded_with(template, r.record.dim):
+                    coded = r.ivf_coded(head.generation)
         for c in range(lo // n, (hi - 1) // n + 1 if hi > lo else lo // n):
             stored = r.stored_chunk(txn, head.generation, c)
             a, z = max(lo, c * n), min(hi, (c + 1) * n)

@@ -40,6 +40,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -432,6 +433,15 @@ def side_bitmap(flags: np.ndarray, bit: int) -> np.ndarray:
     return np.packbits((flags & bit) != 0, bitorder="little")
 
 
+def _template_part(ivf: Any, name: str) -> np.ndarray:
+    """An IVF-PQ index's coarse ``centroids`` or its PQ ``codebooks``, as an array."""
+    import faiss
+
+    if name == "centroids":
+        return ivf.quantizer.reconstruct_n(0, ivf.nlist)
+    return faiss.vector_to_array(faiss.downcast_index(ivf).pq.centroids)
+
+
 class IvfFile:
     """A segment's ``g{gen}.tokens.ivf``, opened memory-mapped."""
 
@@ -465,6 +475,22 @@ class IvfFile:
     def entries(self) -> int:
         """Index entries (valid starts and ends) in the file's lists."""
         return int(self.index.ntotal)
+
+    def coded_with(self, template: bytes | None, dim: int) -> bool:
+        """Whether this file's entries were coded against ``template``: the same coarse
+        centroids and PQ codebooks (a generation's template changes when ``optimize``
+        retrains it, and a version restored from before holds segments of the old one)."""
+        import faiss
+
+        if not self.approximate or template is None:
+            return False
+        loaded = load_template(template, dim)  # kept alive: ``other`` points into it
+        other = faiss.extract_index_ivf(loaded)
+        mine = self.ivf
+        if (mine.nlist, mine.code_size) != (other.nlist, other.code_size):
+            return False
+        return all(np.array_equal(_template_part(mine, name), _template_part(other, name))
+                   for name in ("centroids", "codebooks"))
 
     def coded(self) -> Entries:
         """Every entry of an IVF-PQ file as :class:`Entries` (token positions ascending):

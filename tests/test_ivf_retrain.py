@@ -126,6 +126,39 @@ def test_optimize_retrains_codes_with_the_new_template_and_keeps_answers(
         assert db.check().ok
 
 
+def _lists_agree_with_their_file(db) -> list[float]:
+    """Per segment: the share of its IVF entries that sit in the list its own file's
+    quantiser assigns them (1.0 for a segment coded with the template it was built with)."""
+    out = []
+    with db.snapshot() as snap:
+        for seg in snap.segments:
+            f = seg.ivf_file(snap.generation)
+            coded = seg.ivf_coded(snap.generation)
+            vecs = seg.vectors(snap.txn, snap.generation, coded.labels).astype(np.float32)
+            own = I.Coder(f.index).encode(vecs, coded.labels)
+            out.append(float(np.mean(own.lists == coded.lists)))
+    return out
+
+
+def test_optimize_after_restoring_from_before_a_retrain_codes_the_old_rows_anew(
+        grown, tmp_path, sample_corpus):
+    """The restored version's segments hold codes of the template a retrain replaced; an
+    optimize copied them into a segment of the new template (recall fell to 0.1, and a
+    template of fewer lists raised a raw FAISS error). They are coded anew."""
+    path = _copy(grown, tmp_path)
+    with npmdb.open(path, dense_params=PARAMS, progress=False) as db:
+        first = db.versions()[0]["id"]
+        db.optimize(retrain=True)
+        db.restore(first)
+        db.add(sample_corpus[2300:2400])
+        assert len(set(_lists_agree_with_their_file(db))) >= 1
+        exact = _answers(db, exact=True)
+        db.optimize()
+        agree = _lists_agree_with_their_file(db)
+        assert agree == [1.0], agree
+        assert _answers(db, exact=True) == exact and db.check().ok
+
+
 def test_retrain_true_forces_and_false_keeps(grown, tmp_path):
     path = _copy(grown, tmp_path)
     with npmdb.open(path, dense_params=PARAMS, progress=False) as db:
