@@ -21,6 +21,7 @@ import numpy as np
 from .corpus import Document
 from .errors import OperationalError
 from npmdb.storage import codec as C
+from npmdb.storage import format as F
 from npmdb.storage import ivf
 from npmdb.storage import versions as V
 from npmdb.storage.dense import AUTO, AUTO_IVF_TOKENS, IVF
@@ -63,7 +64,13 @@ def diff(a: Iterable[dict[str, Any]], b: Iterable[dict[str, Any]]) -> Diff:
     da = {d["id"]: (d["title"], d["text"], d["meta"]) for d in a}
     db = {d["id"]: (d["title"], d["text"], d["meta"]) for d in b}
     return Diff(tuple(sorted(set(db) - set(da))), tuple(sorted(set(da) - set(db))),
-                tuple(sorted(k for k in set(da) & set(db) if da[k] != db[k])))
+                tuple(sorted(k for k in set(da) & set(db) if not _same_doc(da[k], db[k]))))
+
+
+def _same_doc(a: tuple, b: tuple) -> bool:
+    """Equal title, text and meta; a meta value NaN (a DataFrame's missing number) equals
+    itself, which ``==`` denies."""
+    return a[:2] == b[:2] and (a[2] == b[2] or F.pack(a[2]) == F.pack(b[2]))
 
 
 def optimize(writer: "Writer", message: str = "", index: str | None = None,

@@ -43,12 +43,20 @@ _UNREAD = ()  # a vector chunk this process has not read (and checked) yet
 
 @dataclass(frozen=True, slots=True)
 class StoredDoc:
+    """A stored document. Readers cache it and every version holding its segment shares
+    it, so its ``meta`` is kept packed: each read unpacks a fresh dict, and a caller that
+    edits what it got (``db.get(id)["meta"]["year"] = 1990``) changes nothing stored."""
+
     seg: int
     local: int
     id: str
     title: str
     text: str
-    meta: dict[str, Any]
+    packed_meta: bytes = b""
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return F.unpack(self.packed_meta) if self.packed_meta else {}
 
 
 @dataclass(frozen=True)
@@ -340,7 +348,9 @@ class SegmentReader:
                 f"segment {self.seg}: document {local} is corrupt (checksum mismatch); run "
                 f"`npmdb check {self.root}` for a full report")
         v = F.unpack(raw)
-        d = StoredDoc(self.seg, local, v["id"], v["title"], v["text"], v.get("meta") or {})
+        meta = v.get("meta")
+        d = StoredDoc(self.seg, local, v["id"], v["title"], v["text"],
+                      F.pack(meta) if meta else b"")
         self._docs[local] = d
         if len(self._docs) > 50_000:
             self._docs.popitem(last=False)

@@ -81,6 +81,36 @@ def test_checkout_is_read_only_and_restore_makes_a_new_version(new_db):
         new_db.fill_mask("x [MASK]", version="nope", retrieval="dense")
 
 
+def test_editing_what_a_read_returned_changes_nothing_stored(new_db):
+    """Readers cache documents for every version that holds their segment; get(),
+    documents() and SQL rows handed out the cached meta itself, so editing it changed old
+    versions' answers and hid the change from diff()."""
+    db = new_db
+    db.add([{"id": "b", "text": "Bergen is in Norway.", "meta": {"year": "old", "tags": []}}])
+    old = db.version
+    d = db.get("b")
+    d["meta"]["year"] = 1990
+    d["meta"]["tags"].append("x")
+    for row in db.documents():
+        row["meta"]["year"] = "edited"
+    db.sql("SELECT id, doc.meta FROM DOCUMENTS").rows[0][1]["year"] = "edited too"
+    assert db.get("b")["meta"] == {"year": "old", "tags": []}
+    new = db.update([d])
+    assert db.get("b", version=old)["meta"] == {"year": "old", "tags": []}
+    assert db.get("b")["meta"] == {"year": 1990, "tags": ["x"]}
+    assert db.diff(old, new).changed == ("b",)
+    assert db.sql(f"SELECT id FROM DOCUMENTS AS OF {old} WHERE doc.meta.year = 1990").rows == ()
+
+
+def test_diff_of_unchanged_documents_whose_meta_holds_nan(new_db):
+    new_db.add([{"id": "a", "text": "Paris is in France.", "meta": {"year": float("nan")}}])
+    first = new_db.version
+    new_db.add(["Oslo is in Norway."])
+    new_db.optimize()  # rewrites "a": another stored copy of the same NaN
+    d = new_db.diff(first)
+    assert d.changed == () and d.removed == () and len(d.added) == 1
+
+
 def test_batch_groups_changes_into_one_version(new_db):
     v0 = new_db.add(["one document", "two documents"])
     with new_db.batch():
