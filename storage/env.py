@@ -13,7 +13,7 @@ from typing import Callable, Iterator, TypeVar
 
 import lmdb
 
-from npmdb.errors import OperationalError
+from npmdb.errors import InterfaceError, OperationalError
 
 from .mapped import MappedFile
 
@@ -29,6 +29,7 @@ MAX_MAP = 1 << 40
 
 _SHARED: dict[str, list] = {}  # realpath -> [lmdb.Environment, dbs, refcount, readonly, gate]
 _SHARED_LOCK = threading.Lock()
+CLOSE_WAIT = 60.0  # seconds close() waits for other threads' queries to end
 
 
 class _Gate:
@@ -39,6 +40,9 @@ class _Gate:
     segfault). Transactions register here; a resize waits until none is live and holds
     new ones back meanwhile. A thread that itself holds a transaction cannot wait for
     that, so it gets a clear (retryable) OperationalError instead.
+
+    Closing the environment unmaps it the same way: :meth:`drain` waits for the other
+    threads' transactions to end and refuses new ones.
     """
 
     def __init__(self, mapped: int = 0) -> None:
@@ -47,6 +51,7 @@ class _Gate:
         self.resizing = False
         self.mine = threading.local()
         self.mapped = mapped  # this process's map size
+        self.closing = False
 
     def try_resize(self, env, size: int) -> None:
         """Grow the map now if no transaction of this process is live (never waits)."""
@@ -59,6 +64,9 @@ class _Gate:
     def enter(self) -> None:
         mine = getattr(self.mine, "n", 0)
         with self.cond:
+            if self.closing and not mine:
+                raise InterfaceError("the database handle was closed (by another thread, "
+                                     "while this one was using it): open it again")
             while self.resizing and not mine:  # a nested entry must not wait for itself
                 self.cond.wait()
             self.live += 1
@@ -86,8 +94,23 @@ class _Gate:
         self.mine.n = getattr(self.mine, "n", 1) - 1
         with self.cond:
             self.live -= 1
-            if self.live == 0:
+            if self.live == 0 or self.closing:
                 self.cond.notify_all()
+
+    def drain(self, timeout: float) -> bool:
+        """Refuse new transactions and wait up to ``timeout`` seconds for those of other
+        threads to end (this thread's own, an unfinished generator, cannot); False if some
+        are still live then."""
+        own = getattr(self.mine, "n", 0)
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            self.closing = True
+            while self.live > own:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cond.wait(left)
+        return True
 
     def resize(self, env, size: int, path: Path, timeout: float = 60.0) -> None:
         if getattr(self.mine, "n", 0):
@@ -176,6 +199,9 @@ class Env:
                     f"{self.path} is not an npmdb database (missing table {name!r})") from None
 
     def close(self) -> None:
+        """Let go of the environment; the last handle closes it, once the transactions
+        other threads hold have ended (closing unmaps the file: a query still reading
+        zero-copy values would crash the process). They get up to CLOSE_WAIT seconds."""
         if self._closed:
             return
         self._closed = True
@@ -186,6 +212,7 @@ class Env:
                 if shared[2] > 0:
                     return
                 del _SHARED[self._key]
+        self._gate.drain(CLOSE_WAIT)
         self.env.close()
 
     # -- transactions ------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import subprocess
 import sys
 from pathlib import Path
 
@@ -427,6 +428,36 @@ def test_context_manager_closes(tiny_db_path):
         with pytest.raises(npmdb.InterfaceError):
             call()
     db.close()  # closing twice is fine
+
+
+_CLOSE_UNDER_QUERIES = """
+import sys, threading, time, npmdb
+errors = []
+for round in range(4):
+    db = npmdb.open(sys.argv[1], progress=False, readonly=True)
+    db.fill_mask("Salem is in [MASK].")
+    def work():
+        try:
+            for _ in range(200):
+                db.fill_mask("Salem is the capital of [MASK].", retrieval="dense")
+        except npmdb.Error as exc:
+            errors.append(type(exc).__name__)
+    ts = [threading.Thread(target=work) for _ in range(3)]
+    [t.start() for t in ts]
+    time.sleep(0.05 * round)
+    db.close()
+    [t.join() for t in ts]
+print(sorted(set(errors)))
+"""
+
+
+def test_close_while_other_threads_query_never_crashes(tiny_db_path):
+    """close() unmapped the LMDB file under queries still reading zero-copy columns: the
+    process died of SIGSEGV. It now waits for them; later ones get InterfaceError."""
+    p = subprocess.run([sys.executable, "-c", _CLOSE_UNDER_QUERIES, str(tiny_db_path)],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, (p.returncode, p.stderr[-2000:])
+    assert p.stdout.strip() in ("[]", "['InterfaceError']"), p.stdout
 
 
 def test_close_releases_the_writer_lock(tmp_path, tiny_encoder):
