@@ -89,59 +89,78 @@ def optimize(writer: "Writer", message: str = "", index: str | None = None,
     for HEAD's corpus, codes the merged segment against it (even a single segment is
     rewritten) and commits the template with it; later segments use it.
     """
-    from npmdb.storage import retrain as R
-
     V.check_message(message)
-
     with writer.hold():
         writer.refuse_uncommitted()  # before the merge, not after it
-        if index is not None:
-            writer.set_index_kind(index)
-        if codec is not None:
-            writer.set_codec(codec)
-        head = writer.head()
-        if head is None:
-            return None
-        readers = [writer.reader(s) for s in head.segments]
-        if codec is None and writer.config.get("codec") != C.AUTO:
-            codec = readers[0].record.codec
-        target = writer.new_codec(int(head.stats.get("tokens", 0)), codec)
-        converts = (index is not None and any(r.record.dense != index for r in readers)) or \
-            any(not _same_codec(r.record.codec, target) for r in readers)
-        meta: dict[bytes, bytes] = {}
-        template = p = None
-        with writer.env.read(buffers=True) as txn:
-            if _writes_ivf(writer, head):
-                p = R.plan(R.index_entries(readers, txn),
-                           ivf.read_template(writer.env, head.generation), writer.params.ivf,
-                           retrain)
-            if len(head.segments) > 1 or head.deleted or converts or (p and p.retrain):
-                check_space(writer.root, readers, target)
-            if p is not None:
-                if p.retrain:
-                    template = R.train_for(readers, txn, head.generation, writer.params.ivf,
-                                           p.wanted, writer.progress)
-                    meta[ivf.template_key(head.generation)] = template
-            if len(head.segments) <= 1 and not head.deleted and not converts and not meta:
-                return head.id
-            sw = writer.segment_writer(writer.allocate_segment(), head.generation,
-                                       codec=target, merged_from=head.segments)
-            sw.template = template
-            bar = writer.progress(sum(r.record.tokens for r in readers), "optimize (merge)",
-                                  "tok")
-            for r in readers:
-                _merge_live(sw, r, txn, head, copy_codes=not meta, bar=bar)
-            bar.close()
-        record = sw.finish()
-        note = ""
-        if template is not None and p is not None:
-            note = (f"; IVF template retrained: {p.current or 'none'} -> "
-                    f"{ivf.template_nlist(template):,} lists")
-        m = writer.commit([V.Rewrite(head.segments, record)], read=head, meta=meta,
-                          message=message or f"optimize: merged segments "
-                                             f"{list(head.segments)}{note}")
-        empty_trash(writer.env, writer.root)  # what an earlier vacuum left for old readers
-        return m.id
+        changes = {k: v for k, v in (("dense", index), ("codec", codec)) if v is not None}
+        before = dict(writer.config)
+        # the merge writes with the new settings; they are recorded with its commit (or on
+        # their own where nothing is merged), never before it: a failed optimize keeps
+        # the settings the database had
+        writer.config.update(changes)
+        try:
+            return _merge(writer, message, index, codec, retrain,
+                          changed=writer.config != before)
+        except BaseException:
+            writer.config.clear()
+            writer.config.update(before)
+            raise
+
+
+def _merge(writer: "Writer", message: str, index: str | None, codec: str | None,
+           retrain: bool | None, *, changed: bool) -> int | None:
+    """:func:`optimize`'s work, under the writer lock, with ``writer.config`` already
+    holding the settings to write with (``changed``: not recorded yet)."""
+    from npmdb.storage import retrain as R
+
+    head = writer.head()
+    if head is None:
+        if changed:
+            writer.save_config()
+        return None
+    readers = [writer.reader(s) for s in head.segments]
+    if codec is None and writer.config.get("codec") != C.AUTO:
+        codec = readers[0].record.codec
+    target = writer.new_codec(int(head.stats.get("tokens", 0)), codec)
+    converts = (index is not None and any(r.record.dense != index for r in readers)) or \
+        any(not _same_codec(r.record.codec, target) for r in readers)
+    meta: dict[bytes, Any] = {}
+    template = p = None
+    with writer.env.read(buffers=True) as txn:
+        if _writes_ivf(writer, head):
+            p = R.plan(R.index_entries(readers, txn),
+                       ivf.read_template(writer.env, head.generation), writer.params.ivf,
+                       retrain)
+        if len(head.segments) > 1 or head.deleted or converts or (p and p.retrain):
+            check_space(writer.root, readers, target)
+        if p is not None and p.retrain:
+            template = R.train_for(readers, txn, head.generation, writer.params.ivf,
+                                   p.wanted, writer.progress)
+            meta[ivf.template_key(head.generation)] = template
+        if len(head.segments) <= 1 and not head.deleted and not converts and not meta:
+            if changed:
+                writer.save_config()
+            return head.id
+        sw = writer.segment_writer(writer.allocate_segment(), head.generation,
+                                   codec=target, merged_from=head.segments)
+        sw.template = template
+        bar = writer.progress(sum(r.record.tokens for r in readers), "optimize (merge)",
+                              "tok")
+        for r in readers:
+            _merge_live(sw, r, txn, head, copy_codes=not meta, bar=bar)
+        bar.close()
+    record = sw.finish()
+    note = ""
+    if template is not None and p is not None:
+        note = (f"; IVF template retrained: {p.current or 'none'} -> "
+                f"{ivf.template_nlist(template):,} lists")
+    if changed:
+        meta[b"config"] = dict(writer.config)  # recorded by the commit that uses it
+    m = writer.commit([V.Rewrite(head.segments, record)], read=head, meta=meta,
+                      message=message or f"optimize: merged segments "
+                                         f"{list(head.segments)}{note}")
+    empty_trash(writer.env, writer.root)  # what an earlier vacuum left for old readers
+    return m.id
 
 
 # bytes a segment stores per token besides its vectors and its index files: token ids,

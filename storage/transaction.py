@@ -248,23 +248,11 @@ class Writer:
         return C.resolve_codec(codec or str(self.config.get("codec", "float16")),
                                corpus_tokens, segment_writer.AUTO_IVF_TOKENS)
 
-    def set_index_kind(self, kind: str) -> None:
-        """Record ``kind`` as the dense index of segments written from now on (the caller
-        holds the writer lock; ``optimize(index=...)`` converts the existing ones)."""
-        self._set_config(dense=kind)
-
-    def set_codec(self, codec: str) -> None:
-        """Record ``codec`` as the codec of segments written from now on (the caller holds
-        the writer lock; ``optimize(codec=...)`` converts the existing ones)."""
-        self._set_config(codec=codec)
-
-    def _set_config(self, **changes: str) -> None:
-        if all(self.config.get(k) == v for k, v in changes.items()):
-            return
-        config = dict(self.config) | changes
+    def save_config(self) -> None:
+        """Record ``self.config`` (the caller holds the writer lock and changed it:
+        ``optimize(index=..., codec=...)``, which converts the existing segments)."""
+        config = dict(self.config)
         self.env.write(lambda txn: V.put_meta(txn, self.env.dbs, "config", config))
-        self.config.clear()
-        self.config.update(config)
 
     # -- the lock -----------------------------------------------------------------------
 

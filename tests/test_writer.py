@@ -258,6 +258,14 @@ def test_optimize_without_the_disk_for_the_merged_segment_refuses_and_writes_not
         new_db.optimize()
     assert new_db.version == head and new_db.stats()["segments"] == 2
     assert (new_db.path / "data.mdb").stat().st_size == size
+    # a conversion that fails keeps the settings (they were recorded before the merge,
+    # so the next add wrote exact int4 segments)
+    config = dict(new_db.config)
+    with pytest.raises(npmdb.OperationalError, match="free disk"):
+        new_db.optimize(index="exact", codec="int4")
+    assert new_db.config == config and new_db.version == head
+    with npmdb.open(new_db.path, readonly=True, progress=False) as again:
+        assert again.config == config
     monkeypatch.undo()
     new_db.optimize()  # the disk it has is enough
     assert new_db.stats()["segments"] == 1 and new_db.count() == 5
