@@ -123,7 +123,7 @@ def _merge(writer: "Writer", message: str, index: str | None, codec: str | None,
         codec = readers[0].record.codec
     target = writer.new_codec(int(head.stats.get("tokens", 0)), codec)
     converts = (index is not None and any(r.record.dense != index for r in readers)) or \
-        any(not _same_codec(r.record.codec, target) for r in readers)
+        any(not _same_codec(r.record.codec, target, r.record.dim) for r in readers)
     meta: dict[bytes, Any] = {}
     template = p = None
     with writer.env.read(buffers=True) as txn:
@@ -221,7 +221,7 @@ def _merge_live(sw: Any, r: "SegmentReader", txn, head: V.Manifest,
             "tokens": cols.tokens[lo:hi], "flags": cols.flags[lo:hi],
             "offsets": cols.offsets[lo:hi], "block_ptr": ptr[b0:b1 + 1] - lo,
             "block_doc": bdoc[b0:b1] - d0})
-        n, copy = r.chunk, _same_codec(r.record.codec, sw.codec.name)
+        n, copy = r.chunk, _same_codec(r.record.codec, sw.codec.name, r.record.dim)
         if coded is False:
             # rows copied in their codec into an IVF segment coded against the template
             # the source's entries were coded with: its list numbers and PQ codes are
@@ -247,9 +247,11 @@ def _merge_live(sw: Any, r: "SegmentReader", txn, head: V.Manifest,
                 bar.update(z - a)
 
 
-def _same_codec(stored: str, target: str) -> bool:
+def _same_codec(stored: str, target: str, dim: int) -> bool:
     """Whether rows stored in codec ``stored`` are already rows of ``target`` (a trained
-    PQ codec 'pq96:<hash>' is what the name 'pq96' writes)."""
+    PQ codec 'pq96:<hash>' is what the name 'pq96' writes, and 'pq' is 'pq{dim/4}')."""
+    if target == "pq":
+        target = f"pq{dim // 4}"
     return stored == target or stored.split(":")[0] == target
 
 

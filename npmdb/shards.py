@@ -50,13 +50,29 @@ class ShardServer:
     def ping(self) -> dict:
         return {"pid": os.getpid(), "path": self.path}
 
+    @contextmanager
+    def _snapshot(self, version: int, doc_filter: Any) -> Iterator[Any]:
+        """The version the coordinator reads. A vacuum in another process can remove it
+        between the coordinator's snapshot and this one: an OperationalError to retry,
+        not the ProgrammingError of a version that never was."""
+        with ExitStack() as stack:
+            try:
+                snap = stack.enter_context(self.db.snapshot(version, doc_filter))
+            except ProgrammingError:
+                if any(v["id"] == version for v in self.db.versions()):
+                    raise
+                raise OperationalError(
+                    f"version {version} was removed by a vacuum (in another process) while "
+                    "this query ran: run the query again") from None
+            yield snap
+
     def handle(self, method: str, req: dict) -> Any:
         from npmdb.query.exchange import ShardWork
 
         if method not in self.METHODS:
             raise ProgrammingError(f"unknown shard request {method!r}")
         t0 = time.perf_counter()
-        with self.db.snapshot(req["version"], req["doc_filter"]) as snap:
+        with self._snapshot(req["version"], req["doc_filter"]) as snap:
             work = ShardWork(snap.subset(req["segments"]), req["segments"], req["text"])
             if method == "term_stats":
                 out = work.term_stats(req["subtree"])

@@ -201,6 +201,10 @@ def test_pq_database_optimize_and_refresh(tmp_path, tiny_encoder, sample_corpus)
         db.optimize()  # merges segments: copies codes, decodes them for the new indexes
         assert [a.text for a in db.fill_mask(QUERY, top=5, exact=True)] == before
         assert len(_stored_width(db)) == 1
+        merged = db.version
+        # already 'pq' (pq8 for 32 dimensions): nothing to convert, no new version (it
+        # rewrote the corpus on every call)
+        assert db.optimize(codec="pq") == merged == db.optimize(codec="pq8")
 
 
 # ------------------------------------------------------------------ codec "auto" and optimize

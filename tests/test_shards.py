@@ -116,6 +116,41 @@ def test_shards_over_approximate_ivf_segments_and_a_flat_one(tmp_path, tiny_enco
                                                      k=64))
 
 
+_ADD_AND_VACUUM = """
+import sys, npmdb
+with npmdb.open(sys.argv[1], progress=False) as w:
+    w.add(["another document"], message="more")
+    w.vacuum()
+"""
+
+
+def test_a_version_vacuumed_while_a_sharded_query_runs(tmp_path, tiny_encoder, sample_corpus,
+                                                       monkeypatch):
+    """Another process commits and vacuums the version a sharded query reads between the
+    coordinator's snapshot and the shards': an OperationalError to retry (it was the
+    ProgrammingError "no version 2" of a version that never existed)."""
+    import npmdb.query.exchange as X
+
+    path = tmp_path / "db"
+    with npmdb.open(path, encoder=tiny_encoder, progress=False) as db:
+        db.add(sample_corpus[:100])
+        db.add(sample_corpus[100:200])
+    run, fired = X.Exchange.run, []
+
+    def racing(self, st):
+        if not fired:
+            fired.append(subprocess.run([sys.executable, "-c", _ADD_AND_VACUUM, str(path)],
+                                        capture_output=True, text=True, timeout=300))
+        return run(self, st)
+
+    monkeypatch.setattr(X.Exchange, "run", racing)
+    with npmdb.open(path, readonly=True, engine="local", shards=2) as many:
+        with pytest.raises(npmdb.OperationalError, match="removed by a vacuum"):
+            many.fill_mask(QUERIES[0], retrieval="dense")
+        assert fired[0].returncode == 0, fired[0].stderr
+        assert many.fill_mask(QUERIES[0], retrieval="dense").version == 3  # the retry
+
+
 def test_more_shards_than_segments(hnsw_db_path):
     with npmdb.open(hnsw_db_path, readonly=True) as one, \
             npmdb.open(hnsw_db_path, readonly=True, engine="local", shards=7) as many:
