@@ -161,8 +161,9 @@ def cmd_query(args) -> int:
             opts["version"] = args.version
         load_s = preload(db, args.version)
         res = db.fill_mask(args.query, **opts)
-        if args.json:
-            print(json_text(res.to_list(), indent=1))
+        if args.json:  # with --explain, the answers and the plan as one object
+            print(json_text({"answers": res.to_list(), "plan": res.plan} if args.explain
+                            else res.to_list(), indent=1))
         else:
             print(args.query)
             _print_result(res, load_s=load_s)

@@ -183,6 +183,12 @@ def test_cli_add_and_query(tmp_path, sample_corpus):
         for ev in r["evidence"]:
             assert fold(texts[ev["doc_id"]][ev["start"]:ev["end"]]) == fold(r["text"])
 
+    out = npmdb_cli("query", str(db), "Hagios Demetrios is located in [MASK].",
+                    "--retrieval", "bm25", "--top", "5", "--json", "--explain")
+    assert out.returncode == 0, out.stderr   # --explain with --json: the plan is kept
+    explained = json.loads(out.stdout)
+    assert explained["answers"] == rows_out and "BM25Blocks" in explained["plan"]
+
     out = npmdb_cli("query", str(db), "Thessaloniki is a city in [MASK].", "--top", "3",
                     "--mode", "token")
     assert out.returncode == 0, out.stderr
