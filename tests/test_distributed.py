@@ -9,8 +9,11 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import os
 import shutil
+import signal
 import sys
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -18,6 +21,7 @@ import pytest
 import npmdb
 from npmdb.corpus import Document
 from npmdb.distributed import RayEngine, encode_piece, resolve_engine
+from npmdb.ingest import ray_workers
 from npmdb.ingest.ray import _Planner, _waves
 
 QUERIES = ["Salem is the capital of [MASK].", "Thessaloniki is a city in [MASK].",
@@ -113,7 +117,81 @@ def test_planner_cuts_pieces_and_segments(new_db):
     assert list(_waves([], 10)) == [([], True)]
 
 
+def test_worker_restarts_is_checked():
+    with pytest.raises(npmdb.ProgrammingError, match="worker_restarts"):
+        RayEngine(worker_restarts=-1)
+    assert RayEngine().worker_restarts == 2
+
+
+def test_worker_failure_message_names_the_user_exception_without_escapes():
+    """What the driver gets of an exception raised in an actor is Ray's wrapper, whose text
+    holds the worker's (coloured) traceback: the message names the original exception."""
+    class RayTaskError(Exception):  # stands in for ray.exceptions.RayTaskError
+        pass
+
+    RayTaskError.__module__ = "ray.exceptions"
+    text = ("\x1b[36mray::MapWorker(MapBatches(_EncodeWorker)).submit()\x1b[39m (pid=1)\n"
+            "  File \"w.py\", line 3, in __call__\n    raise ValueError(\"bad piece\")\n"
+            "ValueError: bad piece\n\nThe above exception was the direct cause of the "
+            "following exception:\n\n\x1b[36mray::MapWorker\x1b[39m (pid=1)\n"
+            "ray.exceptions.UserCodeException: UDF failed to process a data block.\n")
+    with pytest.raises(npmdb.OperationalError) as info:
+        with ray_workers._ray_errors("encoding"):
+            raise RayTaskError(text)
+    msg = str(info.value)
+    assert "ValueError: bad piece" in msg and "\x1b" not in msg, msg
+
+
 # -- with a local Ray cluster ---------------------------------------------------------------
+
+
+FAULT_MARKER = "npmdb-test-fault-marker"
+
+
+def _faulty_worker(fault):
+    """The encoder actor class, calling ``fault()`` on a piece whose text holds
+    FAULT_MARKER (a local class: Ray pickles it by value, so the actors run it)."""
+    class Faulty(ray_workers._EncodeWorker):
+        def __call__(self, batch):
+            if any(FAULT_MARKER.encode() in bytes(p) for p in batch["payload"]):
+                fault()
+            return super().__call__(batch)
+
+    return Faulty
+
+
+class _Hung(BaseException):  # not an Exception: nothing on the way translates it
+    pass
+
+
+@contextmanager
+def _deadline(seconds: int):
+    def hung(signum, frame):
+        raise _Hung(f"still running after {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _add_with_a_fault(db, tmp_path, sample_corpus, monkeypatch, fault) -> npmdb.Error:
+    """A Ray add whose piece with FAULT_MARKER calls ``fault()`` in its actor: returns the
+    error, having checked that nothing was committed and that the next add works."""
+    monkeypatch.setattr(ray_workers, "_EncodeWorker", _faulty_worker(fault))
+    docs = _docs(sample_corpus, 120)
+    docs[100]["text"] += " " + FAULT_MARKER
+    db.add(["first"])
+    before = sorted(p.name for p in (tmp_path / "db" / "segments").iterdir())
+    with _deadline(150), pytest.raises(npmdb.OperationalError) as info:
+        db.add(docs, engine=RayEngine(workers=2, piece_docs=20, segment_docs=60))
+    assert db.count() == 1 and len(db.versions()) == 1
+    assert sorted(p.name for p in (tmp_path / "db" / "segments").iterdir()) == before
+    assert db.add(["second"]) == 2
+    return info.value
 
 
 def _same_answers(a, b, query, opts):
@@ -240,6 +318,33 @@ def test_ray_failure_commits_nothing(ray_cluster, tmp_path, tiny_encoder, sample
 
 
 @pytest.mark.ray
+def test_ray_worker_that_dies_fails_the_add(ray_cluster, tmp_path, tiny_encoder,
+                                            sample_corpus, monkeypatch):
+    """A piece whose worker process dies (out of memory, a crash) every time: Ray restarts
+    the actor and retries the piece RayEngine.worker_restarts times (not forever), then
+    the add fails with OperationalError and leaves nothing (~20 s here with the default 2)."""
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:
+        err = _add_with_a_fault(db, tmp_path, sample_corpus, monkeypatch, lambda: os._exit(1))
+    msg = str(err)
+    assert "worker process died" in msg and "worker_restarts" in msg, msg
+    assert "\x1b" not in msg, msg
+
+
+@pytest.mark.ray
+def test_ray_worker_exception_is_reported_as_itself(ray_cluster, tmp_path, tiny_encoder,
+                                                    sample_corpus, monkeypatch):
+    """An exception raised in an actor: the message names its type and text (not Ray's
+    coloured wrapper), and nothing is committed."""
+    def fault():
+        raise ValueError("injected fault in a worker")
+
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:
+        err = _add_with_a_fault(db, tmp_path, sample_corpus, monkeypatch, fault)
+    msg = str(err)
+    assert "ValueError: injected fault in a worker" in msg and "\x1b" not in msg, msg
+
+
+@pytest.mark.ray
 def test_ray_refresh_equals_local_refresh(ray_cluster, tmp_path, tiny_encoder, sample_corpus):
     """A new embedding generation written over Ray equals the local refresh."""
     import torch
@@ -315,6 +420,9 @@ def test_ray_add_codes_the_ivf_index_in_the_workers(ray_cluster, tmp_path, tiny_
 
     coded = add(tmp_path / "workers")
     assert coded["pieces_indexed_by_workers"] > 0
+    # an actor pool a wave: "actors" is the most in one wave, not the sum over the waves
+    assert coded["waves"] >= 2 and 1 <= coded["actors"] <= 2, coded
+    assert coded["actors"] <= coded["actor_processes"] <= 2 * coded["waves"], coded
     monkeypatch.setattr(ray_ingest, "_worker_index", lambda writer, gen: None)
     assert add(tmp_path / "driver")["pieces_indexed_by_workers"] == 0
     with npmdb.open(tmp_path / "workers", readonly=True) as a, \

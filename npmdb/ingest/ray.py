@@ -71,6 +71,9 @@ class RayEngine:
     ~16 M characters is ~3.5 M tokens with the default encoder). ``wave_chars``:
     documents read ahead by the driver. ``piece_tokens``: block tokens per piece when
     re-embedding (:func:`write_generation`). ``batch_tokens``: tokens per forward pass.
+    ``worker_restarts``: how often Ray restarts an actor whose process died (out of memory,
+    a crash) and retries its piece before the call fails with OperationalError (Ray Data's
+    own default, for ever, would hang on a piece that kills its worker every time).
     """
 
     workers: int | None = None
@@ -84,8 +87,10 @@ class RayEngine:
     wave_chars: int = 256 << 20
     piece_tokens: int = 1 << 16
     batch_tokens: int = 8192
+    worker_restarts: int = 2
     report: dict = field(default_factory=dict, compare=False, repr=False)
-    """Filled by each run: pieces, tokens, actors, devices, worker CPU and wall seconds."""
+    """Filled by each run: pieces, tokens, waves, actors (the most in one wave),
+    actor_processes (over all waves), devices, worker CPU and wall seconds."""
 
     def __post_init__(self) -> None:
         for name in ("piece_docs", "piece_chars", "segment_chars", "wave_chars",
@@ -98,6 +103,10 @@ class RayEngine:
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise ProgrammingError(f"RayEngine.{name} must be a positive integer or None, "
                                        f"got {v!r}")
+        v = self.worker_restarts
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ProgrammingError(f"RayEngine.worker_restarts must be an integer >= 0, got "
+                                   f"{v!r}")
         if not self.cpus_per_worker > 0:
             raise ProgrammingError(f"RayEngine.cpus_per_worker must be > 0, got "
                                    f"{self.cpus_per_worker!r}")

@@ -216,6 +216,12 @@ def _placement(ray, engine: "RayEngine", device: str | None) -> tuple[int, float
     return workers, per_gpu, ("cuda" if want_cuda else "cpu")
 
 
+def _bounded_retries(engine: "RayEngine") -> dict[str, int]:
+    """Ray Data's defaults restart a dead actor and retry its task for ever (-1), so a piece
+    that kills its worker every time (out of memory, a crash) would hang the add."""
+    return {"max_restarts": engine.worker_restarts, "max_task_retries": engine.worker_restarts}
+
+
 def _run_pieces(ray, engine: "RayEngine", items: list[dict], ctor: dict, workers: int,
                 gpus: float) -> Iterator[tuple[int, dict]]:
     """Encode ``items`` (``{"piece": id, "payload": bytes}``) on an actor pool; yields
@@ -229,10 +235,14 @@ def _run_pieces(ray, engine: "RayEngine", items: list[dict], ctor: dict, workers
     else:  # pragma: no cover - old Ray
         kw["parallelism"] = len(items)
     ds = ray.data.from_items(items, **kw)
-    ds = ds.map_batches(_EncodeWorker, batch_size=1, batch_format="numpy",
-                        compute=ray.data.ActorPoolStrategy(size=min(workers, len(items))),
-                        fn_constructor_kwargs=ctor, num_cpus=engine.cpus_per_worker,
-                        num_gpus=gpus or None, zero_copy_batch=True)
+    with warnings.catch_warnings():  # Ray 2.60 takes the retries only through its
+        warnings.filterwarnings(     # deprecated **ray_remote_args (no named parameter)
+            "ignore", message=r".*ray_remote_args.* is deprecated")
+        ds = ds.map_batches(_EncodeWorker, batch_size=1, batch_format="numpy",
+                            compute=ray.data.ActorPoolStrategy(size=min(workers, len(items))),
+                            fn_constructor_kwargs=ctor, num_cpus=engine.cpus_per_worker,
+                            num_gpus=gpus or None, zero_copy_batch=True,
+                            **_bounded_retries(engine))
     for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
         for pid, payload in zip(batch["piece"], batch["payload"]):
             yield int(pid), _unpack_piece(bytes(payload))
@@ -256,10 +266,79 @@ def _worker_error(exc: BaseException) -> Error | None:
     return cls(msg if "Ray worker" in msg else f"{msg} (in a Ray worker)")
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# an exception's line in a traceback's text: "ValueError: message" or a bare "MemoryError"
+_EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*): (.*)$|"
+                       r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt))$")
+_DIED = ("RayActorError", "WorkerCrashedError", "NodeDiedError")
+
+
+def _is_ray(exc: BaseException) -> bool:
+    return type(exc).__module__.split(".")[0] == "ray"
+
+
+def _first_line(text: str) -> str:
+    lines = _ANSI.sub("", text).strip().splitlines()
+    return lines[0][:500] if lines else ""
+
+
+def _user_exception(exc: BaseException) -> tuple[str, str] | None:
+    """(type name, message) of the exception the actor's own code raised, found through
+    Ray's wrappers (``cause``, ``__cause__``) or, where only its traceback came back, in
+    the wrapper's text; None when there is none (a Ray failure of its own)."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if not _is_ray(e):
+            return type(e).__name__, _first_line(str(e))
+        e = getattr(e, "cause", None) or e.__cause__
+    for line in _ANSI.sub("", str(exc)).splitlines():
+        m = _EXC_LINE.match(line)
+        name = m and (m.group(1) or m.group(3))
+        if name and not name.startswith("ray."):
+            return name, (m.group(2) or "")[:500]
+    return None
+
+
+def _died(exc: BaseException) -> bool:
+    return _is_ray(exc) and any(c.__name__ in _DIED for c in type(exc).__mro__)
+
+
+def _died_message(exc: BaseException, what: str) -> str:
+    text = _ANSI.sub("", str(exc))
+    detail = re.search(r"Worker exit detail: ([^\n]*)", text)
+    why = f"; {detail.group(1).split(' Some common causes')[0]}" if detail else ""
+    died = _first_line(text).rstrip(".")
+    return (f"{what} failed on the Ray cluster: a worker process died on a piece "
+            f"({type(exc).__name__}: {died}{why}), also on each of Ray's "
+            f"retries (RayEngine.worker_restarts: how often). A piece that kills its worker "
+            f"is most often out of memory: try smaller pieces and batches (RayEngine("
+            f"piece_docs=, piece_chars=, batch_tokens=)) or more memory per worker; the Ray "
+            f"workers' logs (on each node under /tmp/ray/session_latest/logs) say more")
+
+
+def _failure_message(exc: BaseException, what: str) -> str:
+    """What failed on the cluster, in one message without Ray's colour codes."""
+    if _died(exc):
+        return _died_message(exc, what)
+    user = _user_exception(exc)
+    if user is None:
+        return (f"{what} failed on the Ray cluster: {type(exc).__name__}: "
+                f"{_first_line(str(exc))} (Ray's exception is this error's cause)")
+    name, msg = user
+    hint = " (out of memory: try smaller RayEngine(piece_docs=, piece_chars=, batch_tokens=))" \
+        if name.split(".")[-1] in ("MemoryError", "OutOfMemoryError") else ""
+    if not _is_ray(exc):  # not from a worker: the driver's own work on a result
+        return f"{what} failed on the Ray cluster: {name}: {msg}{hint}"
+    return (f"{what} failed on the Ray cluster: a worker raised {name}: {msg}{hint} "
+            f"(the worker's traceback is in this error's cause)")
+
+
 @contextmanager
 def _ray_errors(what: str) -> Iterator[None]:
     """npmdb errors raised in actors come back as themselves; any other failure on the
-    cluster as OperationalError (Ray's own exception and trace are its cause)."""
+    cluster as OperationalError naming it (Ray's own exception and trace are its cause)."""
     try:
         yield
     except Error:
@@ -268,9 +347,7 @@ def _ray_errors(what: str) -> Iterator[None]:
         err = _worker_error(exc)
         if err is not None:
             raise err from exc
-        first = str(exc).strip().splitlines()[:1] or [""]
-        raise OperationalError(f"{what} failed on the Ray cluster: {type(exc).__name__}: "
-                               f"{first[0][:500]}") from exc
+        raise OperationalError(_failure_message(exc, what)) from exc
 
 
 def guarded(results: Iterator[tuple[int, dict]], what: str) -> Iterator[tuple[int, dict]]:
@@ -285,7 +362,14 @@ def guarded(results: Iterator[tuple[int, dict]], what: str) -> Iterator[tuple[in
 
 
 class Runs:
-    """Starts the Ray cluster on first use; accumulates the workers' statistics."""
+    """Starts the Ray cluster on first use; accumulates the workers' statistics.
+
+    Each :meth:`run` (a wave) starts a new actor pool, whose actors load the model afresh
+    (a wave's actors can differ: the IVF template the workers code with arrives after the
+    first wave). The report counts ``waves`` (pools), ``actors`` (the most actor processes
+    that returned pieces in one wave: at most ``workers`` unless Ray restarted one) and
+    ``actor_processes`` (over all waves: how often the model was loaded).
+    """
 
     def __init__(self, engine: "RayEngine", ctor: dict, *, progress: bool | None,
                  device: str | None) -> None:
@@ -296,7 +380,7 @@ class Runs:
         self.t0 = time.perf_counter()
         engine.report.clear()
         engine.report.update(pieces=0, tokens=0, worker_cpu_s=0.0, worker_wall_s=0.0,
-                             actors=set(), devices=set())
+                             waves=0, actors=0, actor_processes=0, devices=set())
 
     def run(self, items: list[dict]) -> Iterator[tuple[int, dict]]:
         if not items:
@@ -310,21 +394,30 @@ class Runs:
                              batch_tokens=self.engine.batch_tokens)
             rep.update(cluster_s=time.perf_counter() - t, workers=self.workers,
                        gpus_per_worker=self.gpus)
+        rep["waves"] += 1
+        wave_actors: set = set()
         for pid, out in _run_pieces(self.ray, self.engine, items, self.ctor, self.workers,
                                     self.gpus):
             st = out.pop("stats", {})
+            self._count_actor(wave_actors, st.get("pid"))
             rep["pieces"] += 1
             rep.setdefault("first_result_s", time.perf_counter() - self.t0)
             rep["tokens"] += int(st.get("tokens", 0))
             rep["worker_cpu_s"] += float(st.get("cpu_s", 0.0))
             rep["worker_wall_s"] += float(st.get("wall_s", 0.0))
-            rep["actors"].add(st.get("pid"))
             rep["devices"].add(st.get("device"))
             yield pid, out
 
+    def _count_actor(self, wave_actors: set, pid: Any) -> None:
+        if pid in wave_actors:
+            return
+        wave_actors.add(pid)
+        rep = self.engine.report
+        rep["actor_processes"] += 1
+        rep["actors"] = max(rep["actors"], len(wave_actors))
+
     def close(self) -> None:
         rep = self.engine.report
-        rep["actors"] = len(rep["actors"])
         rep["devices"] = sorted(str(d) for d in rep["devices"])
         rep["wall_s"] = time.perf_counter() - self.t0
         self.stack.close()
