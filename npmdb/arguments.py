@@ -6,9 +6,9 @@ from __future__ import annotations
 import numbers
 from typing import Any, Mapping
 
-from .errors import ProgrammingError
+from .errors import NotSupportedError, ProgrammingError
 
-__all__ = ["check_ref", "check_text", "parse_assignments"]
+__all__ = ["check_ref", "check_text", "check_device", "check_location", "parse_assignments"]
 
 
 def check_ref(ref: Any) -> None:
@@ -60,3 +60,43 @@ def parse_assignments(items: list[str], flag: str) -> dict[str, Any]:
                     pass
         out[name.strip()] = value
     return out
+
+
+#: The torch device types npmdb runs its encoder on.
+DEVICE_TYPES = ("cpu", "cuda", "mps")
+
+
+def check_device(device: Any) -> Any:
+    """``device`` when the encoder can run there (checked at open and by ``npmdb.train``:
+    every query used to fail instead). Imports torch: call it only for a device given."""
+    import torch
+
+    if not isinstance(device, (str, torch.device)):
+        raise ProgrammingError(f"device must be a torch device name such as 'cpu' or "
+                               f"'cuda', got {device!r}")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ProgrammingError(f"unknown device {device!r} ({exc}): use 'cpu' or 'cuda'") from None
+    if dev.type not in DEVICE_TYPES:
+        raise NotSupportedError(f"device {device!r}: npmdb runs its encoder on "
+                                f"{', '.join(DEVICE_TYPES)}; use 'cpu' (or leave device out)")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise NotSupportedError(f"device {device!r}: this torch has no MPS device; use 'cpu' "
+                                "(or leave device out)")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise NotSupportedError(f"device {device!r}: this torch has no CUDA device; use 'cpu' "
+                                "(or leave device out)")
+    if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
+        raise NotSupportedError(f"device {device!r}: this machine has "
+                                f"{torch.cuda.device_count()} CUDA device(s), cuda:0 on")
+    return device
+
+
+def check_location(value: Any, what: str, expected: str) -> None:
+    """A path argument (the database, a model directory) is a str or ``os.PathLike``."""
+    import os
+
+    if not isinstance(value, (str, os.PathLike)) or isinstance(os.fspath(value), bytes):
+        raise ProgrammingError(f"{what} must be a str or pathlib.Path naming {expected}, got "
+                               f"{type(value).__name__} {value!r:.80}")

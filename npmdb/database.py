@@ -20,10 +20,10 @@ from typing import Any, Iterable, Iterator, Mapping
 
 from . import encoder as enc_mod
 from . import ingest
-from .arguments import check_ref, check_text
+from .arguments import check_device, check_location, check_ref, check_text
 from .corpus import read_documents
 from .encoders import Encoders
-from .errors import InterfaceError, OperationalError, ProgrammingError
+from .errors import InterfaceError, NotSupportedError, OperationalError, ProgrammingError
 from .progress import bar_factory
 from .result import Result
 from .shards import check_sharding, open_shards
@@ -80,6 +80,19 @@ def open(path: str | os.PathLike, *, encoder: str | os.PathLike | None = None,
 #: Tokens a block holds unless ``block_len`` says otherwise (or the encoder takes fewer).
 DEFAULT_BLOCK_LEN = 256
 
+def _label_words(label: Any, words: Any) -> tuple[str, ...]:
+    """A classify label's words as a tuple: one str, or an iterable of str."""
+    if isinstance(words, str):
+        return (words,)
+    try:
+        got = tuple(words) if not isinstance(words, (bytes, bytearray)) else None
+    except TypeError:
+        got = None
+    if got is None or not all(isinstance(w, str) for w in got):
+        raise ProgrammingError(f"label {label!r}: words must be a str or a list of str, got "
+                               f"{words!r:.80}")
+    return got
+
 
 class Database(Versioning):
     """An npmdb database directory. Create with :func:`npmdb.open`."""
@@ -91,6 +104,10 @@ class Database(Versioning):
                  progress: bool | None = None, device: str | None = None,
                  dense_params: DenseParams | None = None, engine: str | None = None,
                  shards: int | None = None) -> None:
+        check_location(path, "the database path", "its directory")
+        if encoder is not None:
+            check_location(encoder, "encoder", "a local Hugging Face model directory, or None "
+                           "for the database's own")
         self.path = Path(path).expanduser().resolve()
         self._shards = None
         if engine is not None or shards is not None:
@@ -102,7 +119,7 @@ class Database(Versioning):
                                    f"wait for another writer), got {timeout!r}")
         self.timeout = timeout
         self.progress = progress
-        self.device = device
+        self.device = device if device is None else check_device(device)
         self.dense_params = dense_params or DenseParams()
         asked_index, asked_codec = index, codec
         codec = C.AUTO if codec is None else codec
@@ -381,8 +398,7 @@ class Database(Versioning):
         check_options(ClassifySpec, options)
         if not isinstance(labels, Mapping):
             raise ProgrammingError("labels must be a dict of label -> word or list of words")
-        norm = tuple((str(lbl), (w,) if isinstance(w, str) else tuple(w))
-                     for lbl, w in labels.items())
+        norm = tuple((str(lbl), _label_words(lbl, w)) for lbl, w in labels.items())
         spec = ClassifySpec(query, norm, tau=tau, k=k, mode=mode, retrieval=retrieval,
                             calibrate=calibrate, **options)
         return self.run_classify(spec)

@@ -77,7 +77,8 @@ class VersionView:
         raise OperationalError(f"version {self.version} is a read-only snapshot: write through "
                                "the database (db.add / db.delete / db.restore)")
 
-    add = delete = update = tag = optimize = vacuum = restore = batch = _refuse
+    add = delete = update = tag = untag = optimize = vacuum = restore = batch = \
+        write_generation = _refuse
 
     def __repr__(self) -> str:
         return f"<npmdb.VersionView version={self.version} of {str(self._db.path)!r}>"

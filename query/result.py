@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator, Sequence
 
 from npmdb.errors import NotSupportedError
 
-__all__ = ["Evidence", "Answer", "Result", "StageStat", "finite", "json_text"]
+__all__ = ["Evidence", "Answer", "Result", "StageStat", "finite", "json_text",
+           "COLUMN_TYPES"]
 
 from .plan import StageStat  # noqa: E402  (re-exported)
 
@@ -29,6 +31,29 @@ def finite(value: Any) -> Any:
 def json_text(value: Any, **kw: Any) -> str:
     """``value`` as strict JSON (:func:`finite`; what JSON cannot hold as its ``str``)."""
     return json.dumps(finite(value), ensure_ascii=False, allow_nan=False, default=str, **kw)
+
+
+#: The type of each column whose type its name tells, for ``to_arrow`` and ``to_pandas``:
+#: an answer's (:meth:`Answer.to_dict`) and the standard columns of the SQL sources
+#: (``query/ast.py``: MASKED, TOKENS, CLASSIFY, EVIDENCE, SEARCH, DOCUMENTS; SHOW TAGS).
+#: "evidence" is a list of :class:`Evidence` as dicts.
+COLUMN_TYPES: dict[str, str] = {
+    "text": "string", "phrase": "string", "label": "string", "id": "string",
+    "doc_id": "string", "doc.id": "string", "title": "string", "doc.title": "string",
+    "snippet": "string", "tag": "string",
+    "score": "float64",
+    "support": "int64", "tokens": "int64", "length": "int64", "start": "int64", "end": "int64",
+    "block": "int64", "version": "int64", "generation": "int64",
+    "evidence": "evidence",
+}
+
+#: :class:`Evidence`'s fields and their types, in order.
+EVIDENCE_TYPES: tuple[tuple[str, str], ...] = (
+    ("doc_id", "string"), ("title", "string"), ("field", "string"), ("start", "int64"),
+    ("end", "int64"), ("snippet", "string"), ("score", "float64"))
+
+#: The pandas dtype of a column type (what pandas infers from such values).
+_PANDAS_TYPES = {"string": "str", "int64": "int64", "float64": "float64"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,18 +151,24 @@ class Result:
             import pandas as pd
         except ImportError as exc:
             raise NotSupportedError("to_pandas needs pandas: pip install 'npmdb[pandas]'") from exc
-        return pd.DataFrame(self.to_list(), columns=list(self._column_names()))
+        rows = self.to_list()
+        frame = pd.DataFrame(rows, columns=list(self._column_names()))
+        if rows:
+            return frame
+        return frame.astype({c: _PANDAS_TYPES[COLUMN_TYPES[c]] for c in frame.columns
+                             if COLUMN_TYPES.get(c) in _PANDAS_TYPES})  # not all object
 
     def to_arrow(self):
+        """A table of the rows (answers); a column whose type its name tells
+        (:data:`COLUMN_TYPES`) has that type, rows or none, so results concatenate."""
         try:
             import pyarrow as pa
         except ImportError as exc:
             raise NotSupportedError("to_arrow needs pyarrow: pip install 'npmdb[arrow]'") from exc
         rows = self.to_list()
-        if not rows:
-            return pa.table({c: [] for c in self._column_names()})
-        names = list(rows[0])
-        return pa.table({c: _arrow_column(pa, [r.get(c) for r in rows]) for c in names})
+        names = list(rows[0]) if rows else list(self._column_names())
+        return pa.table({c: _arrow_column(pa, [r.get(c) for r in rows], COLUMN_TYPES.get(c))
+                         for c in names})
 
     def _column_names(self) -> Sequence[str]:
         if self.columns is not None:
@@ -158,14 +189,38 @@ class Result:
         return head + ")" + body
 
 
-def _arrow_column(pa: Any, values: list) -> Any:
-    """One Arrow column of ``values``; a column that holds values of more than one type (a
-    ``meta`` field that is a number in one document and a string or list in another) is a
-    column of strings: each value as JSON, a string as itself, a missing one as null. So is
-    a column of integers that no one Arrow integer type holds (2**64 - 1 beside -1)."""
+def _arrow_column(pa: Any, values: list, kind: str | None = None) -> Any:
+    """One Arrow column of ``values``: of type ``kind`` (:data:`COLUMN_TYPES`) when every
+    value is one (or None), else inferred. A column that holds values of more than one
+    type (a ``meta`` field that is a number in one document and a string or list in
+    another) is a column of strings: each value as JSON, a string as itself, a missing one
+    as null. So is a column of integers that no one Arrow integer type holds (2**64 - 1
+    beside -1)."""
+    if kind is not None and all(v is None or _is_kind(v, kind) for v in values):
+        try:
+            return pa.array(values, type=_arrow_type(pa, kind))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            pass  # an alias over other values (SELECT length(text) AS start ...): inferred
     try:
         return pa.array(values)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
-        return pa.array([v if v is None or isinstance(v, str)
-                         else json.dumps(v, ensure_ascii=False, default=str) for v in values],
-                        type=pa.string())
+        return pa.array([v if v is None or isinstance(v, str) else json_text(v)
+                         for v in values], type=pa.string())
+
+
+def _is_kind(value: Any, kind: str) -> bool:
+    """Whether ``value`` is a Python value of the column type ``kind``."""
+    if kind == "string":
+        return isinstance(value, str)
+    if kind == "evidence":
+        return isinstance(value, (list, tuple))
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, numbers.Integral if kind == "int64" else numbers.Real)
+
+
+def _arrow_type(pa: Any, kind: str) -> Any:
+    """The Arrow type of the column type ``kind``."""
+    if kind == "evidence":
+        return pa.list_(pa.struct([(f, _arrow_type(pa, k)) for f, k in EVIDENCE_TYPES]))
+    return {"string": pa.string(), "int64": pa.int64(), "float64": pa.float64()}[kind]

@@ -17,6 +17,7 @@ unchanged; a restore is always safe); otherwise the commit raises and changes no
 from __future__ import annotations
 
 import numbers
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence, Union
@@ -113,9 +114,14 @@ def tags_of(txn, dbs) -> dict[str, int]:
     return {bytes(k).decode(): int(F.unpack(v)) for k, v in cur}
 
 
+# a name that reads as a number: " 7", "+2", "-1", "7.0", "1e3" (a version id, to a reader)
+_NUMBER = re.compile(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*")
+
+
 def check_tag_name(name: object) -> None:
     """A tag name is a non-empty str, not a number, not HEAD, at most 400 bytes of UTF-8."""
-    if not isinstance(name, str) or not name or name.isdigit() or name.upper() == "HEAD":
+    if not isinstance(name, str) or not name or name.isdigit() or name.upper() == "HEAD" \
+            or _NUMBER.fullmatch(name):
         raise ProgrammingError(f"invalid tag name {name!r}: use a non-empty name that is not "
                                "a number and not HEAD")
     try:

@@ -244,7 +244,7 @@ def test_unknown_tag_suggests_a_close_one_and_sql_points_at_it(db):
     assert exc.value.column == 45
 
 
-@pytest.mark.parametrize("name", ["", "123", "HEAD", None, 5, "x" * 401, "\ud800"])
+@pytest.mark.parametrize("name", ["", "123", "HEAD", None, 5, "x" * 401, "\ud800", " 7", "+2", "-1", "7.0", "1e3", ".5"])
 def test_invalid_tag_names(rw, name):
     with pytest.raises(npmdb.ProgrammingError):
         rw.tag(name)
@@ -310,6 +310,15 @@ def test_bad_classify_labels(db, labels):
         db.classify("It was [MASK].", labels)
 
 
+@pytest.mark.parametrize("words", [5, None, 1.5, b"great", ["great", 5], ("great", None)])
+def test_classify_words_that_are_not_text_name_the_label(db, words):
+    """A label's words that are not a str or a list of str: a ProgrammingError naming the
+    label (a bare TypeError from tuple(5) before)."""
+    with pytest.raises(npmdb.ProgrammingError,
+                       match="label 'a'.*words must be a str or a list of str"):
+        db.classify("It was [MASK].", {"b": ["great"], "a": words})
+
+
 @pytest.mark.parametrize("stmt,params,err", [
     ("SELCT phrase FROM MASKED('x [MASK]')", None, npmdb.QueryParseError),
     ("SELECT phrase FROM MASKED('x [MASK]'", None, npmdb.QueryParseError),
@@ -353,6 +362,42 @@ def test_misuse_of_the_api(rw, base):
     rw.close()
     with pytest.raises(npmdb.InterfaceError):
         rw.fill_mask(Q, retrieval="dense")
+
+
+@pytest.mark.parametrize("path", [None, 5, b"/tmp/db", ["db"]])
+def test_open_of_what_is_not_a_path(path):
+    with pytest.raises(npmdb.ProgrammingError, match="the database path must be a str or "
+                                                     "pathlib.Path"):
+        npmdb.open(path, progress=False)
+
+
+def test_an_encoder_that_is_not_a_path(base, tmp_path):
+    for where in (base, tmp_path / "new"):
+        with pytest.raises(npmdb.ProgrammingError, match="encoder must be a str or pathlib.Path"):
+            npmdb.open(where, encoder=5, progress=False)
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("device", ["bogus", "tpu", "", 5, 1.5, ["cpu"]])
+def test_a_device_torch_cannot_name_is_refused_at_open(base, tmp_path, device):
+    """Checked at open, before anything is created: every query used to fail with an
+    InternalError instead."""
+    for where, kw in ((base, {"readonly": True}), (tmp_path / "new", {})):
+        with pytest.raises(npmdb.ProgrammingError, match="device"):
+            npmdb.open(where, device=device, progress=False, **kw)
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_device_this_machine_lacks_is_not_supported(base, tmp_path):
+    import torch
+
+    missing = ["meta"] if torch.cuda.is_available() else ["cuda", "cuda:0", "meta"]
+    missing.append(f"cuda:{torch.cuda.device_count()}")  # one past the last
+    for device in missing:
+        with pytest.raises(npmdb.NotSupportedError, match=f"device {device!r}"):
+            npmdb.open(base, device=device, readonly=True, progress=False)
+    with npmdb.open(base, device="cpu", readonly=True, progress=False) as db:
+        assert len(db.fill_mask(Q, retrieval="dense", top=2)) == 2
 
 
 # == the database directory ====================================================================

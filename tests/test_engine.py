@@ -363,6 +363,74 @@ def test_result_conversions(small_db):
     assert empty.to_arrow().num_rows == 0
 
 
+def _concat_and_compare(full, empty):
+    """``empty``'s Arrow schema and pandas dtypes are ``full``'s, and they concatenate."""
+    import pyarrow as pa
+
+    assert len(full) > 0 and len(empty) == 0
+    assert empty.to_arrow().schema == full.to_arrow().schema
+    assert pa.concat_tables([full.to_arrow(), empty.to_arrow()]).num_rows == len(full)
+    assert empty.to_pandas().dtypes.to_dict() == full.to_pandas().dtypes.to_dict()
+
+
+def test_an_empty_result_has_the_schema_of_a_full_one(small_db):
+    """Answers have an explicit schema (evidence a list of structs, even when every list is
+    empty); SQL's standard columns are typed by name when there are no rows. An empty
+    result's columns used to be Arrow nulls (and pandas objects), so it did not
+    concatenate with a full one."""
+    import pyarrow as pa
+
+    full = small_db.fill_mask(Q, top=3, exact=True)
+    _concat_and_compare(full, small_db.fill_mask(Q, top=2, offset=10 ** 6, exact=True))
+    assert full.to_arrow().schema == small_db.fill_mask(Q, top=3, exact=True,
+                                                        evidence=0).to_arrow().schema
+    ev = full.to_arrow().schema.field("evidence").type
+    assert ev == pa.list_(pa.struct([("doc_id", pa.string()), ("title", pa.string()),
+                                     ("field", pa.string()), ("start", pa.int64()),
+                                     ("end", pa.int64()), ("snippet", pa.string()),
+                                     ("score", pa.float64())]))
+    labels = {"yes": ["Greece"], "no": ["Peru"]}
+    _concat_and_compare(small_db.classify(Q, labels),
+                        small_db.classify(Q, labels, offset=10))
+    for stmt, none in [
+            ("SELECT id, title, text FROM DOCUMENTS", "WHERE id = 'no such id'"),
+            ("SELECT * FROM SEARCH('Greece')", "WHERE doc_id = 'no such id'"),
+            ("SELECT doc_id, title, snippet, score, start, end, text FROM SEARCH('Greece')",
+             "WHERE doc_id = 'no such id'"),
+            (f"SELECT * FROM MASKED('{Q}') USING exact", "WHERE phrase = 'no such phrase'"),
+            (f"SELECT phrase, score, support, tokens, length, evidence, doc_id, title, start, "
+             f"end, snippet, version, generation FROM MASKED('{Q}') USING exact", "LIMIT 0"),
+            (f"SELECT * FROM EVIDENCE('{Q}') USING exact", "WHERE doc_id = 'no such id'")]:
+        _concat_and_compare(small_db.sql(f"{stmt} LIMIT 3" if "LIMIT" not in none else stmt),
+                            small_db.sql(f"{stmt} {none}"))
+
+
+def test_column_types_cover_the_standard_columns():
+    """Every standard column of the SQL sources but ``meta`` (whatever the documents hold)
+    has a type, and the evidence struct has Evidence's fields in order."""
+    import dataclasses
+
+    from npmdb.query import ast
+    from npmdb.query.result import COLUMN_TYPES, EVIDENCE_TYPES
+
+    standard = set(ast.ANSWER_COLUMNS + ast.EVIDENCE_COLUMNS + ast.SEARCH_COLUMNS +
+                   ast.DOCUMENT_COLUMNS) - {"meta"}
+    assert standard <= set(COLUMN_TYPES)
+    assert [f for f, _ in EVIDENCE_TYPES] == [f.name for f in dataclasses.fields(npmdb.Evidence)]
+
+
+def test_arrow_columns_of_other_values_keep_inference():
+    """A standard name over other values (an alias) is inferred; a column of several types
+    is strict JSON text (NaN as null, never the NaN JSON lacks)."""
+    res = npmdb.Result((), columns=("start", "x"),
+                       rows=(("a", [1.0, float("nan")]), (None, "b")))
+    tbl = res.to_arrow()
+    assert tbl.column("start").to_pylist() == ["a", None]
+    assert tbl.column("x").to_pylist() == ["[1.0, null]", "b"]
+    assert npmdb.Result((), columns=("start",), rows=((-1,), (2 ** 64 - 1,))).to_arrow() \
+        .column("start").to_pylist() == ["-1", str(2 ** 64 - 1)]
+
+
 def test_result_stats_list_operators(tiny_db):
     for opts, expect in ((dict(exact=True), {"ExactTopK", "AssembleSpans", "ScoreSpans"}),
                          (dict(retrieval="dense"), {"DenseTopK", "AssembleSpans", "ScoreSpans"}),

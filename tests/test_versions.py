@@ -524,6 +524,21 @@ def test_batch_refuses_what_it_cannot_see(tmp_path, tiny_encoder):
         assert db.update([{"id": "b", "text": "Bergen is a port."}]) == 4
 
 
+def test_every_write_of_a_checkout_view_is_read_only(tmp_path, tiny_encoder):
+    """``untag`` and ``write_generation`` too: an AttributeError before."""
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:
+        db.add(["Oslo is the capital of Norway."])
+        db.tag("first")
+        view = db.checkout("first")
+        for write, args in [("add", (["x"],)), ("delete", ("x",)), ("update", ([],)),
+                            ("tag", ("t",)), ("untag", ("first",)), ("optimize", ()),
+                            ("vacuum", ()), ("restore", (1,)), ("batch", ()),
+                            ("write_generation", (None,))]:
+            with pytest.raises(npmdb.OperationalError, match="read-only snapshot"):
+                getattr(view, write)(*args)
+        assert db.versions()[-1]["tags"] == ["first"] and db.version == 1
+
+
 def test_a_checkout_view_reads_its_version(tmp_path, tiny_encoder):
     """A view takes its own version by id or tag, refuses another, and runs SQL on itself."""
     with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:

@@ -26,6 +26,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
+from npmdb.arguments import check_device
 from npmdb.errors import DataError, NotSupportedError, OperationalError, ProgrammingError
 
 from .batches import BatchSampler, load_blocks
@@ -276,14 +277,7 @@ def _device(device: str | None, threads: int | None) -> "torch.device":
     torch.set_num_threads(threads or max(1, os.cpu_count() or 1))
     if not device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ProgrammingError(f"unknown device {device!r} ({exc}): use 'cpu' or 'cuda'") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise NotSupportedError(f"device {device!r}: this torch has no CUDA device; use 'cpu' "
-                                "(or leave device out)")
-    return dev
+    return torch.device(check_device(device))
 
 
 class _Run:
