@@ -32,7 +32,7 @@ __all__ = [
     "AssembleSpans", "ScoreSpans", "ScoreTokens", "Aggregate", "ClassifyLabels",
     "FilterAnswers", "OrderBy", "Limit", "AttachEvidence", "Surfaces",
     "Located", "locate", "locate_in", "snippet", "surface", "span_sims", "token_sims", "scores_from_sims",
-    "token_scores", "widen_to_words", "block_prior",
+    "token_scores", "widen_to_words", "block_prior", "best_first",
 ]
 
 # -- phrase assembly and scoring ------------------------------------------------------------
@@ -563,6 +563,14 @@ class Limit(Operator):
         return replace(ans, groups=kept, count=len(kept))
 
 
+def best_first(g: Group, occ: Occurrences) -> tuple[np.ndarray, np.ndarray]:
+    """An answer's occurrences best first (ties: first seen; an underflowed score by its
+    log), and the weights they are ranked by (``occ.score``, or a label's own)."""
+    w = np.asarray(g.weights if g.weights is not None else occ.score)
+    logs = occ.log_score if g.weights is None and occ.log_score is not None else None
+    return g.idx[S.rank_order(w[g.idx], None if logs is None else logs[g.idx])], w
+
+
 @dataclass(frozen=True)
 class AttachEvidence(Operator):
     """For each answer: its best ``n`` occurrences as (doc id, title, offsets, snippet)."""
@@ -580,10 +588,8 @@ class AttachEvidence(Operator):
         occ = ans.occ
         chosen = []  # per answer, its best n occurrences and their weights
         for g in ans.groups:
-            w = np.asarray(g.weights if g.weights is not None else occ.score)
-            logs = occ.log_score if g.weights is None and occ.log_score is not None else None
-            idx = g.idx[S.rank_order(w[g.idx], None if logs is None else logs[g.idx])
-                        ][: self.n].tolist()
+            idx, w = best_first(g, occ)
+            idx = idx[: self.n].tolist()
             chosen.append((idx, w))
         found = iter(locate(st, occ, [i for idx, _ in chosen for i in idx]))
         groups = []

@@ -15,7 +15,7 @@ import numpy as np
 
 from npmdb.errors import ProgrammingError
 
-from .answers import locate, snippet
+from .answers import best_first, locate, snippet
 from .operators import Answers, BlockHits, ExecState, Operator, Projection, Rows, _fmt
 
 __all__ = ["EvidenceRows", "BlockRows", "ScanDocuments", "FilterRows", "OrderRows", "LimitRows",
@@ -47,8 +47,7 @@ class EvidenceRows(Operator):
         occ = ans.occ
         chosen = []  # (rank, answer, its occurrences best first, their weights)
         for rank, g in enumerate(ans.groups, start=self.offset + 1):
-            w = np.asarray(g.weights if g.weights is not None else occ.score)
-            idx = g.idx[np.argsort(-w[g.idx], kind="stable")]
+            idx, w = best_first(g, occ)
             if self.per_answer:
                 idx = idx[: self.per_answer]
             chosen.append((rank, g, idx.tolist(), w))

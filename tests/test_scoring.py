@@ -96,6 +96,19 @@ def test_underflowed_answers_rank_as_exact_arithmetic_ranks_them(seed, top_n):
         assert logs_of[0] - logs_of[-1] > 100  # the tail spans many orders of magnitude
 
 
+@pytest.mark.parametrize("retrieval", ["bm25", "dense"])
+def test_evidence_rows_rank_underflowed_occurrences_as_fill_mask_does(tiny_db, retrieval):
+    q = "capitalization is the sale of [MASK] stock."
+    want = tiny_db.fill_mask(q, retrieval=retrieval, tau=1e-3, group_by="document", top=5,
+                             evidence=4)
+    rows = tiny_db.sql(f"SELECT phrase, doc_id, start, end FROM EVIDENCE(?) USING {retrieval} "
+                       "WITH tau = 0.001, evidence = 4 GROUP BY document LIMIT 20", [q]).rows
+    got = [(r[1], r[2], r[3]) for r in rows]
+    wanted = [(e.doc_id, e.start, e.end) for a in want.answers for e in a.evidence]
+    assert got[:len(wanted)] == wanted   # LIMIT counts rows: later answers may follow
+    assert sum(e.score == 0.0 for a in want.answers for e in a.evidence) >= 2
+
+
 def test_labels_whose_scores_overflow_rank_by_their_logs():
     """A label's score is ``sum(exp(logit))``; a small tau overflows it to inf for every
     label, which used to leave the first label listed on top."""
