@@ -338,12 +338,19 @@ class Aggregate(Operator):
     # with top_n: where an answer was found is asked too (:class:`FilterByOccurrence`'s
     # rules, asked with the query-word filters)
     rules: AnswerRules = field(default_factory=lambda: AnswerRules())
+    # occurrences whose folded text fails this are left out before grouping: the
+    # query-word filters of a grouping whose answers are not texts (documents)
+    keep_occurrence: Callable[[str], bool] | None = field(default=None, compare=False,
+                                                          repr=False)
+    occurrence_describe: str = ""
 
     def detail(self) -> str:
         kept = "; ".join(d for d in (self.keep_describe, self.rules.describe()) if d)
         return _fmt(group_by=self.group_by, alpha=self.alpha) + (
             f", top_n={self.top_n}" if self.top_n else "") + (
-            f" of those kept by: {kept}" if kept else "")
+            f" of those kept by: {kept}" if kept else "") + (
+            f", occurrences kept by: {self.occurrence_describe}"
+            if self.keep_occurrence is not None else "")
 
     def run(self, st: ExecState) -> Answers:
         occ = st.input(self, Occurrences)
@@ -354,15 +361,22 @@ class Aggregate(Operator):
         scores, n_tokens = np.asarray(occ.score, np.float64), occ.e - occ.s + 1
         logs = occ.log_score
         keep = self._keep(st, occ)
-        if keep is not None and not self.alpha and 0 < self.top_n <= 32:
+        if keep is not None and not self.alpha and 0 < self.top_n <= 32 and \
+                self.keep_occurrence is None:
             groups = self._top_kept(keys, sf.texts, scores, logs, n_tokens, st.info, keep)
-        elif keep is None:
+        elif keep is None and self.keep_occurrence is None:
             st.info["answers"] = len(set(keys))
             groups = _make_groups(keys, sf.texts, scores, n_tokens, alpha=self.alpha,
                                   top_n=self.top_n, logs=logs)
-        else:  # the occurrences of kept answers only; group members back to occ's rows
+        else:  # the occurrences kept only; group members back to occ's rows
             st.info["answers"] = len(set(keys))
-            sel = np.flatnonzero(self._kept(keys, scores, logs, keep))
+            ok = np.ones(len(keys), dtype=bool)
+            if self.keep_occurrence is not None:
+                # each occurrence's text (a shard's own, where shards found them)
+                ok[:] = [self.keep_occurrence(t) for t in sf.texts(list(range(len(keys))))]
+            if keep is not None:
+                ok &= self._kept(keys, scores, logs, keep)
+            sel = np.flatnonzero(ok)
             groups = _make_groups([keys[i] for i in sel.tolist()],
                                   lambda idx: sf.texts(sel[np.asarray(idx, np.int64)].tolist()),
                                   scores[sel], n_tokens[sel], alpha=self.alpha,

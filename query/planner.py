@@ -115,14 +115,20 @@ def plan_masked(spec: MaskedSpec, *, answer_filter: tuple[str, Callable] | None 
     # an answer was found (not_subject_name, whole_names); FilterAnswers above keeps what it
     # gets. Without the pushdown, FilterByOccurrence runs after the order, down to the limit.
     rules = AnswerRules(spec.text if spec.not_subject_name else "", spec.whole_names)
+    # a document is no text: its occurrences' texts are filtered before they are grouped
+    by_occurrence = group_by == "document" and bool(text_filters)
     pushdown = bool(spec.top) and answer_filter is None and tuple(order) == (("score", True),) \
         and (not text_filters or group_by in ("phrase", "word"))
     keep = _all_of([f for _, f in text_filters]) if pushdown and text_filters else None
+    described = "; ".join(d for d, _ in text_filters)
     op: Operator = Aggregate(group_by, spec.alpha, children=(_candidates(spec),),
                              top_n=spec.top + spec.offset if pushdown else 0, keep_text=keep,
-                             keep_describe="; ".join(d for d, _ in text_filters) if keep else "",
-                             rules=rules if pushdown else AnswerRules())
-    for describe, f in text_filters:
+                             keep_describe=described if keep else "",
+                             rules=rules if pushdown else AnswerRules(),
+                             keep_occurrence=_all_of([f for _, f in text_filters])
+                             if by_occurrence else None,
+                             occurrence_describe=described if by_occurrence else "")
+    for describe, f in (() if by_occurrence else text_filters):
         op = FilterAnswers(describe, lambda g, f=f: f(g.text), children=(op,))
     if answer_filter is not None:
         op = FilterAnswers(answer_filter[0], answer_filter[1], children=(op,))

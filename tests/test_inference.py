@@ -686,3 +686,28 @@ def test_whole_names_drops_answers_found_only_inside_a_longer_name(tmp_path, tin
                       ("whole_name=false", "unknown option 'whole_name'")):
         assert main(["query", str(tmp_path / "db"), q, "--option", bad]) == 2
         assert says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("sql", [False, True])
+def test_query_word_filters_judge_a_documents_occurrences_not_its_id(tiny_db, sql):
+    """group_by='document': the filters used to test the answer's text, which is the
+    document's id, so every 'wn:' document went for a query holding 'wn', and the documents
+    kept were scored by occurrences the filters should have dropped."""
+    from npmdb.boundaries import fold
+    from npmdb.query.text import query_content_words
+
+    q = "psychological feature wn is a feature of the [MASK] life."
+    if sql:
+        rows = tiny_db.sql("SELECT phrase, doc_id, start, end FROM EVIDENCE(?) "
+                           "GROUP BY document LIMIT 40", [q]).rows
+        ids = {r[0] for r in rows}
+        spans = [(r[1], r[2], r[3]) for r in rows]
+    else:
+        res = tiny_db.fill_mask(q, group_by="document", evidence=50)
+        ids = {a.text for a in res.answers}
+        spans = [(e.doc_id, e.start, e.end) for a in res.answers for e in a.evidence]
+    assert any(i.startswith("wn:") for i in ids)
+    content = query_content_words(q)
+    for doc_id, a, b in spans:
+        words = set(fold(tiny_db.get(doc_id)["text"][a:b]).split())
+        assert content.isdisjoint(words), (doc_id, a, b)
