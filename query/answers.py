@@ -311,6 +311,19 @@ def _make_groups(keys: list, texts_of: Callable[[list[int]], list[str]], scores:
                   log_score=_log_of(lfinal, g)) for g, t in zip(kept, texts)]
 
 
+def _distinct_spans(occ: Occurrences, idx: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """``idx`` with one row per distinct (segment, start, end), its best-scored one, in
+    occurrence order. Token candidates widened to their words: the first and the last piece
+    of "overcapitalization" are one occurrence of it (the answer's score still sums both
+    pieces; its support and evidence count the word once)."""
+    if len(idx) < 2:
+        return idx
+    order = idx[np.argsort(-scores[idx], kind="stable")]
+    rows = np.stack([occ.seg[order], occ.s[order], occ.e[order]], axis=1)
+    _, first = np.unique(rows, axis=0, return_index=True)
+    return np.sort(order[first])
+
+
 def _best_of(members: np.ndarray, scores: np.ndarray, logs: np.ndarray | None) -> int:
     """The best of a group's occurrences (ties: first seen)."""
     if logs is None:
@@ -386,6 +399,9 @@ class Aggregate(Operator):
         if self.group_by == "document":
             for g in groups:
                 g.text = sf.doc_id(*g.key)
+        if self.group_by == "word":  # a word's pieces widen to one occurrence: count it once
+            for g in groups:
+                g.idx = _distinct_spans(occ, g.idx, scores)
         return Answers(groups, occ, st.info["answers"])
 
     def _keep(self, st: ExecState, occ: Occurrences

@@ -711,3 +711,17 @@ def test_query_word_filters_judge_a_documents_occurrences_not_its_id(tiny_db, sq
     for doc_id, a, b in spans:
         words = set(fold(tiny_db.get(doc_id)["text"][a:b]).split())
         assert content.isdisjoint(words), (doc_id, a, b)
+
+
+def test_a_word_of_several_pieces_is_one_occurrence_in_token_word_grouping(tiny_db):
+    """Token mode, group_by='word': the first and the last piece of a word both widen to
+    the word, so support counted pieces and evidence listed the same span twice."""
+    res = tiny_db.fill_mask("capitalization is the sale of [MASK] stock.", mode="token",
+                            group_by="word", top=20, evidence=50)
+    assert res.answers
+    several = 0
+    for a in res.answers:
+        spans = [(e.doc_id, e.start, e.end) for e in a.evidence]
+        assert len(spans) == len(set(spans)) == a.support, a
+        several += len(a.text) > 6
+    assert several  # words long enough to be several pieces are among the answers
