@@ -25,8 +25,9 @@ surplus or unusable value is a ProgrammingError naming the parameter.
   ``label`` are the phrase. ``LIMIT`` defaults to 5 (fill_mask's ``top``).
 - CLASSIFY(q, LABELS(...)) — one row per label: [label, score, support], same columns.
   Every label unless LIMIT.
-- EVIDENCE(q) — one row per occurrence of the answers kept after WHERE and LIMIT (LIMIT
-  counts answers, default 5; ``WITH evidence = n`` keeps n occurrences per answer):
+- EVIDENCE(q) — one row per occurrence of the best answers (LIMIT and OFFSET count the
+  occurrence rows; the answers expanded are the top 5, or LIMIT + OFFSET when that is
+  more; ``WITH evidence = n`` keeps n occurrences per answer; see GRAMMAR.md):
   [phrase, doc_id, title, start, end, snippet, score], text (the occurrence), tokens,
   length, support, rank, answer_score, version, generation.
 - SEARCH(text) — BM25 over blocks, as ``db.search``: [doc_id, title, block, score,
