@@ -515,6 +515,10 @@ class ClassifyLabels(Operator):
             groups.append(g)
         logs = {g.text: g.log_score for g in groups}
         st.info["label_log_scores"] = logs
+        if self.calibrate and not self.prior:  # said, not silent: the scores are plain
+            st.info["calibrated"] = {
+                "template": None, "skipped": "nothing precedes the sentence holding the "
+                "mask: there is no content-free input to calibrate against"}
         if self.prior:
             prior = dict(self.prior)
             cal = calibrated_scores({g.text: g.score for g in groups}, prior, logs=logs)

@@ -133,7 +133,9 @@ def test_classify_calibrate_runs_the_template(tmp_path, tiny_encoder):
         assert res.info["calibrated"]["template"] == "It was [MASK]."
         assert abs(sum(a.score for a in res) - 1.0) < 1e-9
         plain = db.classify("It was [MASK].", labels, retrieval="bm25", calibrate=True)
-        assert "calibrated" not in plain.info                    # nothing to remove
+        # nothing to remove: the scores stay plain, and the result says so
+        assert plain.info["calibrated"]["template"] is None
+        assert "nothing precedes" in plain.info["calibrated"]["skipped"]
 
 
 def test_not_in_query_drops_answers_that_repeat_the_query(tmp_path, tiny_encoder):
