@@ -423,8 +423,10 @@ class Writer:
     def assign_ids(self, ids: Sequence[str | None], seen: dict[str, int], first: int = 0
                    ) -> list[str]:
         """Document ids for items ``first, first + 1, ...`` of one add: a ``None`` gets the
-        next free ``doc-N``; an id given twice in the add (``seen``, which this fills) or
-        already live raises IntegrityError."""
+        next free ``doc-N`` that no item of ``ids`` gives either; an id given twice in the
+        add (``seen``, which this fills) or already live raises IntegrityError."""
+        given = {i for i in ids if i is not None}
+        assigned: set[str] = set()
         changes = self._open()
         out: list[str] = []
         with self.env.read() as txn:
@@ -442,13 +444,17 @@ class Writer:
                         cand = f"doc-{auto}"
                         auto += 1
                         changes.auto_used += 1
-                        if cand not in seen and not taken(cand):
+                        if cand not in seen and cand not in given and not taken(cand):
                             break
                     doc_id = cand
+                    assigned.add(doc_id)
                 if doc_id in seen:
+                    why = (f" ({doc_id!r} was assigned to item {seen[doc_id]}, which had no "
+                           "id; give every document an id, or none the form doc-N)"
+                           if doc_id in assigned else "")
                     raise IntegrityError(f"duplicate document id {doc_id!r} (items "
-                                         f"{seen[doc_id]} and {i} of this add); nothing was "
-                                         "written")
+                                         f"{seen[doc_id]} and {i} of this add){why}; nothing "
+                                         "was written")
                 seen[doc_id] = i
                 if taken(doc_id):
                     raise IntegrityError(f"a document with id {doc_id!r} already exists; use "

@@ -615,3 +615,58 @@ def test_cli_add_reads_every_file_it_is_given(tmp_path, tiny_encoder, capsys):
     assert "nothing to add; version" in capsys.readouterr().out
     assert main(["add", str(db), str(a), "--timeout", "-5", "-q"]) == 2
     assert "timeout must be" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ ingest edge cases (a hunt)
+
+def test_an_assigned_id_skips_ids_the_same_add_gives(new_db, tmp_path):
+    """'doc-1' given later in the call used to collide with the id assigned to an id-less
+    document before it: a valid add was refused as a duplicate."""
+    new_db.add(["a text", {"id": "doc-1", "text": "b text"}])
+    assert sorted(d["id"] for d in new_db.documents()) == ["doc-1", "doc-2"]
+    a = write_jsonl(tmp_path / "a.jsonl", [{"text": "no id"}])
+    b = write_jsonl(tmp_path / "b.jsonl", [{"id": "doc-3", "text": "given"}])
+    new_db.add([a, b])
+    assert new_db.get("doc-3")["text"] == "given" and new_db.count() == 4
+    new_db.update(["plain", {"id": "doc-5", "text": "b"}])
+    assert new_db.get("doc-5")["text"] == "b" and new_db.count() == 6
+
+
+@pytest.mark.parametrize("name,body", [
+    ("deep.jsonl", '{"text": "x", "meta": ' + "[" * 5000 + "]" * 5000 + "}\n"),
+    ("long.jsonl", '{"text": "x", "n": ' + "1" * 5000 + "}\n"),
+    ("deep.json", '[{"text": "x", "meta": ' + "[" * 5000 + "]" * 5000 + "}]"),
+    ("long.csv", 'text,meta\nx,"{""a"": ' + "1" * 5000 + '}"\n'),
+])
+def test_json_python_will_not_read_is_a_data_error(tmp_path, name, body):
+    (tmp_path / name).write_text(body)
+    with pytest.raises(DataError, match="nested too deeply|number too long"):
+        list(read_documents(tmp_path / name))
+
+
+def test_a_directory_follows_its_links_once_and_refuses_a_broken_one(tmp_path):
+    root, other = tmp_path / "corpus", tmp_path / "other"
+    root.mkdir()
+    other.mkdir()
+    write_jsonl(other / "o.jsonl", [{"id": "o1", "text": "behind a linked directory"}])
+    write_jsonl(root / "a.jsonl", [{"id": "a1", "text": "here"}])
+    os.symlink(other, root / "linked")
+    os.symlink(root, other / "loop")             # a loop back: each directory read once
+    assert sorted(d.id for d in read_documents(root)) == ["a1", "o1"]
+    os.symlink(tmp_path / "missing.jsonl", root / "broken.jsonl")
+    with pytest.raises(DataError, match="broken symbolic link"):
+        list(read_documents(root))
+
+
+def test_an_open_file_is_refused_with_what_to_pass(tmp_path):
+    path = write_jsonl(tmp_path / "c.jsonl", [{"id": "a", "text": "hello"}])
+    with open(path) as f, pytest.raises(InterfaceError, match="pass its path"):
+        list(read_documents(f))
+
+
+def test_numpy_scalars_and_arrays_are_ids_and_meta():
+    import numpy as np
+
+    doc, = read_documents([{"id": np.int64(7), "text": "x",
+                            "meta": {"f": np.float32(0.5), "tags": np.array(["a", "b"])}}])
+    assert doc.id == "7" and doc.meta == {"f": 0.5, "tags": ["a", "b"]}

@@ -21,6 +21,7 @@ hidden files and directories (names starting with ``.``).
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sized
 from pathlib import Path
@@ -83,6 +84,11 @@ def read_documents(source: Source, *, text_field: str = "text", id_field: str = 
     if isinstance(source, Mapping):
         raise InterfaceError("got a single dict; pass a list of dicts (one per document), "
                              "e.g. [{'id': ..., 'text': ...}]")
+    if isinstance(source, io.IOBase):  # iterating it would read raw lines as texts
+        raise InterfaceError(
+            f"got an open file ({getattr(source, 'name', type(source).__name__)!r}); pass its "
+            "path instead (db.add('corpus.jsonl') or a pathlib.Path), so that its format "
+            "is read")
     rows = _tabular_rows(source)
     if rows is not None:
         return _read_records(rows, fields)

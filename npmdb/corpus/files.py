@@ -56,14 +56,23 @@ def _read_path(path: Path, fields: _Fields) -> Iterator[Document]:
 
 
 def _walk(root: Path) -> list[tuple[Path, str]]:
-    """Files under ``root`` (recursively, hidden ones skipped) sorted by relative path."""
+    """Files under ``root`` (recursively, hidden ones skipped, symbolic links to files and
+    directories followed, each directory once) sorted by relative path."""
     found: list[tuple[tuple[str, ...], Path]] = []
+    visited = {os.path.realpath(root)}
 
     def fail(exc: OSError) -> None:
         raise OperationalError(f"{root}: cannot list directory: {exc}") from exc
 
-    for dirpath, dirnames, filenames in os.walk(root, onerror=fail):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+    def first_visit(d: str) -> bool:  # a link loop, or two links to one directory
+        real = os.path.realpath(d)
+        new = real not in visited
+        visited.add(real)
+        return new
+
+    for dirpath, dirnames, filenames in os.walk(root, onerror=fail, followlinks=True):
+        dirnames[:] = [d for d in dirnames
+                       if not d.startswith(".") and first_visit(os.path.join(dirpath, d))]
         for name in filenames:
             if name.startswith("."):
                 continue
@@ -73,6 +82,10 @@ def _walk(root: Path) -> list[tuple[Path, str]]:
             except OSError as exc:  # e.g. a link into /proc that this user may not follow
                 raise DataError(f"{_short_path(str(file))}: cannot read it ({exc.strerror or exc}); "
                                 "nothing was added") from exc
+            if not regular and file.is_symlink() and not file.exists():
+                raise DataError(f"{_short_path(str(file))}: a broken symbolic link (to "
+                                f"{os.readlink(file)!r}); remove it or fix its target. Nothing "
+                                "was added")
             if regular:
                 found.append((file.relative_to(root).parts, file))
     found.sort(key=lambda item: item[0])
@@ -164,7 +177,17 @@ def _read_jsonl(path: Path, compressed: bool, fields: _Fields, hint: str) -> Ite
         except json.JSONDecodeError as exc:
             raise DataError(f"{where}: malformed JSON at column {exc.colno}: {exc.msg}; each "
                             f"line must hold one JSON object{hint}") from None
+        except (RecursionError, ValueError) as exc:
+            raise _unreadable_json(where, exc) from None
         yield _from_json_value(value, where, fields)
+
+
+def _unreadable_json(where: str, exc: BaseException) -> DataError:
+    """Valid JSON that Python will not read: nested past its recursion limit, or an integer
+    of more digits than ``int`` converts (4,300)."""
+    why = "is nested too deeply" if isinstance(exc, RecursionError) else \
+        f"holds a number too long to read ({exc})"
+    return DataError(f"{where}: the JSON {why}; flatten it, or store long numbers as str")
 
 
 def _first_byte(path: Path, compressed: bool) -> bytes:
@@ -196,6 +219,8 @@ def _read_json(path: Path, compressed: bool, fields: _Fields) -> Iterator[Docume
     except json.JSONDecodeError as exc:
         raise DataError(f"{path}:{exc.lineno}: malformed JSON at column {exc.colno}: "
                         f"{exc.msg}") from None
+    except (RecursionError, ValueError) as exc:
+        raise _unreadable_json(str(path), exc) from None
     for index, value in enumerate(items):
         yield _from_json_value(value, f"{path}: item {index}", fields)
 
@@ -268,6 +293,8 @@ def _csv_meta(cell: str, where: str) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise DataError(f"{where}: the 'meta' column must hold a JSON object; it is not valid "
                         f"JSON ({exc.msg} at character {exc.pos})") from None
+    except (RecursionError, ValueError) as exc:
+        raise _unreadable_json(where, exc) from None
     if not isinstance(value, dict):
         raise DataError(f"{where}: the 'meta' column must hold a JSON object, got "
                         f"{_short(value)}")

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from npmdb.errors import DataError
 
 __all__ = ["Document"]
@@ -48,7 +50,10 @@ class _Fields:
 
 
 def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:  # an int of more digits than Python converts to text
+        return f"<an int of {value.bit_length()} bits>"
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
@@ -101,7 +106,12 @@ def _missing(value: Any) -> bool:
 def _check_id(value: Any, where: str, field_name: str) -> str | None:
     if _missing(value):
         return None
+    if isinstance(value, np.generic):  # a numpy scalar (a data frame's column)
+        value = value.item()
     if isinstance(value, int) and not isinstance(value, bool):
+        if value.bit_length() > 64:
+            raise DataError(f"{where}: {field_name!r} is an int of {value.bit_length()} bits; "
+                            "an id is at most 64 bits, or a str")
         return str(value)
     if isinstance(value, str):
         if not value:
@@ -129,6 +139,8 @@ def _meta_value(value: Any, path: str, where: str, depth: int) -> Any:
     if depth > _MAX_META_DEPTH:
         raise DataError(f"{where}: meta is nested more than {_MAX_META_DEPTH} levels deep at "
                         f"{path} (a reference cycle?); flatten it")
+    if isinstance(value, (np.generic, np.ndarray)):  # a data frame's scalars and lists
+        value = value.tolist()
     if value is None or isinstance(value, (bool, float)):
         return value
     if isinstance(value, str):
