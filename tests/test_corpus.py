@@ -670,3 +670,22 @@ def test_numpy_scalars_and_arrays_are_ids_and_meta():
     doc, = read_documents([{"id": np.int64(7), "text": "x",
                             "meta": {"f": np.float32(0.5), "tags": np.array(["a", "b"])}}])
     assert doc.id == "7" and doc.meta == {"f": 0.5, "tags": ["a", "b"]}
+
+
+def test_a_data_frame_is_read_as_its_file_would_be(tmp_path):
+    import io
+
+    import numpy as np
+    import pandas as pd
+
+    indexed = pd.DataFrame({"id": ["k1", "k2"], "text": ["a", "b"]}).set_index("id")
+    assert [d.id for d in read_documents(indexed)] == ["k1", "k2"]   # were doc-1, doc-2
+    blanks = pd.read_csv(io.StringIO("id,text\n1,one\n,three\n"))       # a float id column
+    assert [d.id for d in read_documents(blanks)] == ["1", None]
+    tagged = pd.DataFrame({"text": ["a"], "tags": [np.array(["x", "y"])]})  # read_parquet's lists
+    assert [d.meta for d in read_documents(tagged)] == [{"tags": ["x", "y"]}]
+    twice = pd.DataFrame([[1, "a", "b"]], columns=["id", "text", "text"])
+    with pytest.raises(DataError, match="two columns named 'text'"):
+        list(read_documents(twice))
+    both = pd.DataFrame({"id": ["k1"], "text": ["a"]}).set_index("id", drop=False)
+    assert [d.id for d in read_documents(both)] == ["k1"]

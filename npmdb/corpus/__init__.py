@@ -89,7 +89,7 @@ def read_documents(source: Source, *, text_field: str = "text", id_field: str = 
             f"got an open file ({getattr(source, 'name', type(source).__name__)!r}); pass its "
             "path instead (db.add('corpus.jsonl') or a pathlib.Path), so that its format "
             "is read")
-    rows = _tabular_rows(source)
+    rows = _tabular_rows(source, id_field)
     if rows is not None:
         return _read_records(rows, fields)
     if not isinstance(source, Iterable):
@@ -173,17 +173,37 @@ def _is_dataframe(obj: Any) -> bool:
             and hasattr(obj, "iloc") and hasattr(obj, "to_dict"))
 
 
+def _as_file_columns(frame: Any, id_field: str) -> Any:
+    named = [name for name in frame.index.names if name is not None]
+    if named:  # an index that repeats a column is dropped, not inserted twice
+        frame = frame.reset_index(drop=any(name in frame.columns for name in named))
+    dup = frame.columns[frame.columns.duplicated()]
+    if len(dup):
+        raise DataError(f"the data frame has two columns named {str(dup[0])!r}; rename one")
+    ids = frame[id_field] if id_field in frame.columns else None
+    if ids is not None and ids.dtype.kind == "f":
+        whole = ids.dropna()
+        if len(whole) and bool((whole == whole.round()).all()):  # ints and blanks
+            frame = frame.assign(**{id_field: ids.astype("Int64")})
+    return frame
+
+
 def _is_arrow(obj: Any) -> bool:
     return (type(obj).__module__.startswith("pyarrow") and hasattr(obj, "to_pylist")
             and hasattr(obj, "num_rows") and hasattr(obj, "schema"))
 
 
-def _tabular_rows(source: Any) -> Iterator[Mapping[str, Any]] | None:
+def _tabular_rows(source: Any, id_field: str = "id") -> Iterator[Mapping[str, Any]] | None:
     """Rows of a pandas DataFrame or pyarrow Table/RecordBatch as dicts; None for other types.
 
     Iterating a DataFrame directly would yield its column names, so it must be caught here.
+    A data frame is read as its file would be: a named index is a column (``set_index("id")``
+    keeps the ids), an id column that pandas made float to hold a blank holds integers and
+    blanks, and two columns of one name are refused, not one silently dropped.
     """
     if _is_dataframe(source):
+        source = _as_file_columns(source, id_field)
+
         def frame_rows() -> Iterator[Mapping[str, Any]]:
             for start in range(0, len(source), _PARQUET_BATCH):
                 chunk = source.iloc[start:start + _PARQUET_BATCH]
