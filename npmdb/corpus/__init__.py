@@ -15,8 +15,11 @@ Accepted sources (see :func:`read_documents`):
 File formats, by suffix (a further ``.gz`` means gzip-compressed): ``.jsonl``/``.ndjson`` (one
 JSON object per line, streamed), ``.json`` (a JSON list of objects, or JSON lines),
 ``.parquet`` (needs pyarrow), ``.csv``/``.tsv`` (header row required), and anything else is
-plain text, one document per file. Directories are read recursively in sorted order, skipping
-hidden files and directories (names starting with ``.``).
+plain text, one document per file, whose id is its path relative to the directory added
+(its name, for a file added alone: two directories that both hold ``a.txt`` give the id
+``a.txt`` twice, an IntegrityError). Directories are read recursively in sorted order,
+skipping hidden files and directories (names starting with ``.``) and following symbolic
+links, each directory once.
 """
 
 from __future__ import annotations
