@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from npmdb.errors import ProgrammingError
 from npmdb.query.result import json_text
 from npmdb.query.spec import ClassifySpec
 from npmdb.query.text import snippet_bounds
@@ -362,9 +363,13 @@ def write_routes(server: Server) -> list[Route]:
         doc_id = request.path_params["doc_id"]
 
         def run():
-            if db.get(doc_id, version=server.pin()) is None:
-                raise ApiError(404, "NotFound", f"no document {doc_id!r} at HEAD to delete")
-            return {"version": db.delete(doc_id)}
+            try:
+                return {"version": db.delete(doc_id)}
+            except ProgrammingError:  # refused: asked after, so a concurrent delete is a 404
+                if db.get(doc_id) is None:
+                    raise ApiError(404, "NotFound",
+                                   f"no document {doc_id!r} at HEAD to delete") from None
+                raise
         return StrictJSONResponse(await server.write(run))
 
     async def tag(request: Request) -> JSONResponse:
