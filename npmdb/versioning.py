@@ -112,7 +112,9 @@ class Versioning:
                                     retrain=retrain)
 
     def vacuum(self, *, keep_tags: bool = True, older_than: float | None = None) -> dict:
-        """Remove unkept versions and all data only they referenced (see maintenance)."""
+        """Remove unkept versions and all data only they referenced: segments, vector sets,
+        generations and their checkpoints and IVF templates, trained PQ codec states (see
+        maintenance). Returns counts of what went."""
         if not isinstance(keep_tags, bool):  # None or 0 would drop every tagged version
             raise ProgrammingError(f"keep_tags must be True or False, got {keep_tags!r}")
         if older_than is not None and (isinstance(older_than, bool) or not isinstance(

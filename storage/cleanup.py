@@ -223,8 +223,26 @@ def drop_unkept(txn, dbs, root: Path, keep: set[int]) -> dict[str, Any]:
             txn.delete(f"ivf:g{g}".encode(), db=dbs["meta"])  # its IVF template, if any
             trash.append(checkpoint_dir(Path("."), g).as_posix())
             checkpoints += 1
+    codec_states = _drop_unused_codec_states(txn, dbs, {records[s].codec for s in need_segs
+                                                         if s in records})
     old = V.get_meta(txn, dbs, "trash", []) or []
     # with this commit's id: a reader whose snapshot is older may still open them
     V.put_meta(txn, dbs, "trash", old + [[rel, txn.id()] for rel in trash])
     return {"versions": len(drop), "segments": len(dead_segs), "generation_sets": len(stale),
-            "checkpoints": checkpoints}
+            "checkpoints": checkpoints, "codec_states": codec_states}
+
+
+def _drop_unused_codec_states(txn, dbs, used: set[str]) -> int:
+    """Delete the trained PQ codec states (``codec:<name>``) that no kept segment stores
+    its vectors in and that are not the database's current one (which the next add
+    codes with); returns how many went."""
+    from .codec import CODEC_STATE_KEY
+
+    raw = txn.get(CODEC_STATE_KEY.encode(), db=dbs["meta"])
+    keep = used | ({F.unpack(raw)} if raw is not None else set())
+    prefix = b"codec:"
+    dead = [bytes(k) for k in txn.cursor(db=dbs["meta"]).iternext(values=False)
+            if bytes(k).startswith(prefix) and bytes(k)[len(prefix):].decode() not in keep]
+    for k in dead:
+        txn.delete(k, db=dbs["meta"])
+    return len(dead)

@@ -207,6 +207,30 @@ def test_pq_database_optimize_and_refresh(tmp_path, tiny_encoder, sample_corpus)
         assert db.optimize(codec="pq") == merged == db.optimize(codec="pq8")
 
 
+def test_vacuum_drops_pq_states_no_kept_segment_uses(tmp_path, tiny_encoder, sample_corpus):
+    """A conversion to another PQ size trains a new codec; once no kept version's segments
+    store their vectors in the old one, vacuum removes its state (it never did)."""
+    def states(db):
+        with db.env.read() as txn:
+            return sorted(bytes(k).decode() for k in
+                          txn.cursor(db=db.env.dbs["meta"]).iternext(values=False)
+                          if bytes(k).startswith(b"codec:"))
+
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, codec="pq", progress=False) as db:
+        db.add(sample_corpus[:200])
+        db.tag("pq8")
+        db.optimize(codec="pq16")
+        assert len(states(db)) == 2
+        before = [a.text for a in db.fill_mask(QUERY, top=5, exact=True)]
+        assert db.vacuum()["codec_states"] == 0            # the tag keeps the pq8 rows
+        db.untag("pq8")
+        assert db.vacuum()["codec_states"] == 1
+        assert [s.split(":")[1][:4] for s in states(db)] == ["pq16"]
+        assert [a.text for a in db.fill_mask(QUERY, top=5, exact=True)] == before
+        db.add(sample_corpus[200:220])                       # codes with the current one
+        assert len(states(db)) == 1 and db.check().clean
+
+
 # ------------------------------------------------------------------ codec "auto" and optimize
 
 
