@@ -32,7 +32,7 @@ __all__ = [
     "AssembleSpans", "ScoreSpans", "ScoreTokens", "Aggregate", "ClassifyLabels",
     "FilterAnswers", "OrderBy", "Limit", "AttachEvidence", "Surfaces",
     "Located", "locate", "locate_in", "snippet", "surface", "span_sims", "token_sims", "scores_from_sims",
-    "token_scores", "widen_to_words", "block_prior", "best_first",
+    "widen_to_words", "block_prior", "best_first",
 ]
 
 # -- phrase assembly and scoring ------------------------------------------------------------
@@ -172,28 +172,9 @@ class ScoreSpans(Operator):
         if self.prior:
             bonus = self.prior * block_prior(st, self, sp.seg, sp.s)
             sims_s, sims_e = _with_prior(sims_s, inv_s, bonus), _with_prior(sims_e, inv_e, bonus)
-        score, logs = _span_scores(inv_s, inv_e, sims_s, sims_e, self.tau, self.scoring)
+        score, logs = S.scores_and_logs(inv_s, inv_e, sims_s, sims_e, self.tau, self.scoring)
         st.info["unique_starts"], st.info["unique_ends"] = len(sims_s), len(sims_e)
         return replace(sp, score=score, log_score=logs)
-
-
-def _span_scores(inv_s: np.ndarray, inv_e: np.ndarray, sims_s: np.ndarray,
-                 sims_e: np.ndarray, tau: float, scoring: str
-                 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """NPM's span scores, and their logs where some underflowed (``npm`` scoring only)."""
-    score, _, _ = S.span_scores(inv_s, inv_e, sims_s, sims_e, tau=tau, scoring=scoring)
-    return score, (S.span_log_scores(inv_s, inv_e, sims_s, sims_e, tau=tau)
-                   if scoring == "npm" and _underflows(score) else None)
-
-
-def token_scores(sims: np.ndarray, tau: float) -> tuple[np.ndarray, np.ndarray | None]:
-    """Token mode's softmax, and its logs where some underflowed."""
-    score = S.softmax(sims, tau)
-    return score, S.log_softmax(sims, tau) if _underflows(score) else None
-
-
-def _underflows(score: np.ndarray) -> bool:
-    return bool(len(score)) and float(score.min()) < S.TINY
 
 
 def _with_prior(sims: np.ndarray, inv: np.ndarray, bonus: np.ndarray) -> np.ndarray:
@@ -218,7 +199,7 @@ def scores_from_sims(occ: Occurrences, tau: float, scoring: str, prior: np.ndarr
     sims_s, sims_e = occ.sim_s[first_s], occ.sim_e[first_e]
     if prior is not None:
         sims_s, sims_e = _with_prior(sims_s, inv_s, prior), _with_prior(sims_e, inv_e, prior)
-    score, logs = _span_scores(inv_s, inv_e, sims_s, sims_e, tau, scoring)
+    score, logs = S.scores_and_logs(inv_s, inv_e, sims_s, sims_e, tau, scoring)
     return score, logs, len(us), len(ue)
 
 
@@ -261,7 +242,7 @@ class ScoreTokens(Operator):
         sims = occ.sim_s
         if self.prior:
             sims = sims + self.prior * block_prior(st, self, occ.seg, occ.s)
-        score, logs = token_scores(sims, self.tau)
+        score, logs = S.softmax_and_logs(sims, self.tau)
         return replace(occ, score=score, log_score=logs)
 
 

@@ -40,9 +40,10 @@ import numpy as np
 
 from npmdb.storage.bm25 import FieldStats, field_stats
 
+from . import scoring as S
 from .answers import (
     Aggregate, Located, ScoreSpans, ScoreTokens, Surfaces, block_prior, locate_in,
-    scores_from_sims, span_sims, token_scores, token_sims, widen_to_words,
+    scores_from_sims, span_sims, token_sims, widen_to_words,
 )
 from .operators import (
     BlockHits, BM25Blocks, Candidates, DenseTopK, EncodeQuery, ExactTopK, ExecState,
@@ -252,8 +253,8 @@ class Exchange(Operator):
             st.info["unique_starts"], st.info["unique_ends"] = n_s, n_e
         else:
             assert isinstance(sub, ScoreTokens)
-            score, logs = token_scores(occ.sim_s if prior is None else occ.sim_s + prior,
-                                       sub.tau)
+            score, logs = S.softmax_and_logs(occ.sim_s if prior is None else occ.sim_s + prior,
+                                             sub.tau)
         surfaces = ShardSurfaces(self.shards, ctx, owned, occ.seg, occ.s, occ.e, keys,
                                  cat["docs"], widened=self.group_by == "word")
         return replace(occ, score=score, log_score=logs, surfaces=surfaces)

@@ -13,6 +13,7 @@ from npmdb.storage.format import (
 )
 
 __all__ = ["softmax", "log_softmax", "assemble_spans", "span_scores", "span_log_scores",
+           "scores_and_logs", "softmax_and_logs",
            "label_logits", "group_keys", "group_log_sums", "rank_keys", "rank_order", "TINY",
            "lacks_breaks", "spaced_breaks", "sorted_unique", "unique_inverse"]
 
@@ -178,6 +179,25 @@ def span_log_scores(start_ids: np.ndarray, end_ids: np.ndarray, sim_start: np.nd
     """``log`` of :func:`span_scores`' ``npm`` scores, computed in log space."""
     return np.logaddexp(log_softmax(sim_start, tau)[start_ids],
                         log_softmax(sim_end, tau)[end_ids])
+
+
+def scores_and_logs(start_ids: np.ndarray, end_ids: np.ndarray, sim_start: np.ndarray,
+                    sim_end: np.ndarray, tau: float, scoring: str = "npm"
+                    ) -> tuple[np.ndarray, np.ndarray | None]:
+    """:func:`span_scores`, and their logs where some underflowed (``npm`` scoring only)."""
+    score, _, _ = span_scores(start_ids, end_ids, sim_start, sim_end, tau=tau, scoring=scoring)
+    return score, (span_log_scores(start_ids, end_ids, sim_start, sim_end, tau=tau)
+                   if scoring == "npm" and _underflows(score) else None)
+
+
+def softmax_and_logs(x: np.ndarray, tau: float) -> tuple[np.ndarray, np.ndarray | None]:
+    """:func:`softmax`, and its logs where some underflowed (token mode)."""
+    score = softmax(x, tau)
+    return score, log_softmax(x, tau) if _underflows(score) else None
+
+
+def _underflows(score: np.ndarray) -> bool:
+    return bool(len(score)) and float(score.min()) < TINY
 
 
 def group_log_sums(gid: np.ndarray, n: int, logs: np.ndarray) -> np.ndarray:

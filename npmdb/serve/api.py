@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from npmdb.errors import ProgrammingError
+from npmdb.errors import Error, ProgrammingError
 from npmdb.query.result import json_text
 from npmdb.query.spec import ClassifySpec
 from npmdb.query.text import snippet_bounds
@@ -108,7 +108,7 @@ def check_statement(server: Server, text: str, params: Any) -> None:
 
     try:
         stmt, compiled, _ = prepare(text, params)
-    except Exception:  # noqa: BLE001 - db.sql raises the same error, with its position
+    except Error:  # db.sql raises the same error, with its position
         return
     if compiled is None or compiled.spec is None or (
             isinstance(stmt, A.Explain) and not stmt.analyze):
