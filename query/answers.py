@@ -1,15 +1,15 @@
-"""From candidates to answers: phrase assembly, exact scoring, grouping into answers,
-closed-set labels, and the answer-level tail (filter, order, limit, evidence).
+"""From candidates to answers: phrase assembly, exact scoring, grouping into answers, and
+closed-set labels. The answer-level tail (filter, order, limit, evidence) is
+:mod:`npmdb.query.tail`.
 
 Typed outputs flow up the plan: the retrieval operators (:mod:`npmdb.query.operators`)
 hand these :class:`~npmdb.query.operators.Candidates`; assembly and scoring produce
-:class:`~npmdb.query.operators.Occurrences`; grouping and the tail produce
+:class:`~npmdb.query.operators.Occurrences`; grouping produces
 :class:`~npmdb.query.operators.Answers` (the groups and the occurrences they index).
 """
 
 from __future__ import annotations
 
-import math
 import threading
 import weakref
 from dataclasses import dataclass, field, replace
@@ -30,9 +30,9 @@ from .text import fold
 
 __all__ = [
     "AssembleSpans", "ScoreSpans", "ScoreTokens", "Aggregate", "ClassifyLabels",
-    "FilterAnswers", "OrderBy", "Limit", "AttachEvidence", "Surfaces",
+    "Surfaces",
     "Located", "locate", "locate_in", "snippet", "surface", "span_sims", "token_sims", "scores_from_sims",
-    "widen_to_words", "block_prior", "best_first",
+    "widen_to_words", "block_prior",
 ]
 
 # -- phrase assembly and scoring ------------------------------------------------------------
@@ -508,111 +508,3 @@ class ClassifyLabels(Operator):
             st.info["calibrated"] = {"template": self.template,
                                      "prior": {t: round(v, 6) for t, v in prior.items()}}
         return Answers(groups, occ, len(groups))
-
-
-# -- relational tail ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class FilterAnswers(Operator):
-    describe: str
-    predicate: Callable[[Group], bool] = field(compare=False, repr=False)
-    children: tuple = ()
-
-    def detail(self) -> str:
-        return self.describe
-
-    def run(self, st: ExecState) -> Answers:
-        ans = st.input(self, Answers)
-        kept = [g for g in ans.groups if self.predicate(g)]
-        return replace(ans, groups=kept, count=len(kept))
-
-
-@dataclass(frozen=True)
-class OrderBy(Operator):
-    keys: tuple[tuple[str, bool], ...] = (("score", True),)  # (column, descending)
-    children: tuple = ()
-
-    def detail(self) -> str:
-        return ", ".join(f"{k} {'DESC' if d else 'ASC'}" for k, d in self.keys)
-
-    def run(self, st: ExecState) -> Answers:
-        ans = st.input(self, Answers)
-        groups = list(ans.groups)
-        for col, desc in reversed(self.keys):
-            groups.sort(key=lambda g: _sort_value(g, col), reverse=desc)
-        return replace(ans, groups=groups, count=len(groups))
-
-
-def _sort_value(g: Group, col: str):
-    if col == "score":  # an underflowed or overflowed score ranks by its log (rank_keys)
-        if g.log_score is not None and g.score < S.TINY:
-            return (0.0, g.log_score)
-        if g.log_score is not None and math.isinf(g.score):
-            return (g.score, g.log_score)
-        return (g.score, 0.0)
-    if col == "support":
-        return g.support
-    if col in ("phrase", "label", "text"):
-        return fold(g.text)
-    if col in ("length", "tokens"):
-        return g.n_tokens
-    if col == "words":  # SQL's length(phrase): number of words
-        return len(g.text.split())
-    return g.extra.get(col, 0)
-
-
-@dataclass(frozen=True)
-class Limit(Operator):
-    n: int
-    offset: int = 0
-    children: tuple = ()
-
-    def detail(self) -> str:
-        return _fmt(limit=self.n, offset=self.offset) if self.n else _fmt(offset=self.offset)
-
-    def run(self, st: ExecState) -> Answers:
-        ans = st.input(self, Answers)
-        end = self.offset + self.n if self.n else None
-        kept = ans.groups[self.offset:end]
-        return replace(ans, groups=kept, count=len(kept))
-
-
-def best_first(g: Group, occ: Occurrences) -> tuple[np.ndarray, np.ndarray]:
-    """An answer's occurrences best first (ties: first seen; an underflowed score by its
-    log), and the weights they are ranked by (``occ.score``, or a label's own)."""
-    w = np.asarray(g.weights if g.weights is not None else occ.score)
-    logs = occ.log_score if g.weights is None and occ.log_score is not None else None
-    return g.idx[S.rank_order(w[g.idx], None if logs is None else logs[g.idx])], w
-
-
-@dataclass(frozen=True)
-class AttachEvidence(Operator):
-    """For each answer: its best ``n`` occurrences as (doc id, title, offsets, snippet)."""
-
-    n: int
-    children: tuple = ()
-
-    def detail(self) -> str:
-        return _fmt(per_answer=self.n)
-
-    def run(self, st: ExecState) -> Answers:
-        from .result import Evidence
-
-        ans = st.input(self, Answers)
-        occ = ans.occ
-        chosen = []  # per answer, its best n occurrences and their weights
-        for g in ans.groups:
-            idx, w = best_first(g, occ)
-            idx = idx[: self.n].tolist()
-            chosen.append((idx, w))
-        found = iter(locate(st, occ, [i for idx, _ in chosen for i in idx]))
-        groups = []
-        for g, (idx, w) in zip(ans.groups, chosen):
-            evidence = []
-            for i in idx:
-                at = next(found)
-                evidence.append(Evidence(at.doc.id, at.doc.title, "text", at.start, at.end,
-                                         snippet(at.doc.text, at.start, at.end), float(w[i])))
-            groups.append(replace(g, evidence=evidence))
-        return replace(ans, groups=groups, count=sum(len(i) for i, _ in chosen))

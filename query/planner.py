@@ -12,10 +12,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable, Sequence
 
-from .answers import (
-    Aggregate, AssembleSpans, AttachEvidence, ClassifyLabels, FilterAnswers, Limit, OrderBy,
-    ScoreSpans, ScoreTokens,
-)
+from .answers import Aggregate, AssembleSpans, ClassifyLabels, ScoreSpans, ScoreTokens
+from .tail import AttachEvidence, FilterAnswers, Limit, OrderBy
 from .answer_rules import AnswerRules, FilterByOccurrence
 from .operators import BlockTokens, BM25Blocks, DenseTopK, EncodeQuery, ExactTopK, Operator
 from . import calibration

@@ -15,7 +15,8 @@ import numpy as np
 
 from npmdb.errors import ProgrammingError
 
-from .answers import best_first, locate, snippet
+from .surfaces import locate, snippet
+from .tail import best_first
 from .operators import Answers, BlockHits, ExecState, Operator, Projection, Rows, _fmt
 
 __all__ = ["EvidenceRows", "BlockRows", "ScanDocuments", "FilterRows", "OrderRows", "LimitRows",

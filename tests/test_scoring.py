@@ -112,7 +112,7 @@ def test_evidence_rows_rank_underflowed_occurrences_as_fill_mask_does(tiny_db, r
 def test_labels_whose_scores_overflow_rank_by_their_logs():
     """A label's score is ``sum(exp(logit))``; a small tau overflows it to inf for every
     label, which used to leave the first label listed on top."""
-    from npmdb.query.answers import OrderBy, _sort_value
+    from npmdb.query.tail import OrderBy, _sort_value
     from npmdb.query.operators import Group
 
     groups = [Group("a", "a", float("inf"), log_score=800.0),
