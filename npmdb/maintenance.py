@@ -144,10 +144,16 @@ def _merge(writer: "Writer", message: str, index: str | None, codec: str | None,
         sw = writer.segment_writer(writer.allocate_segment(), head.generation,
                                    codec=target, merged_from=head.segments)
         sw.template = template
+        # the template the merged rows are coded with, where the sources' IVF codes may be
+        # copied (not after a retrain: every row is coded anew)
+        coding = ivf.Coding.of_template(ivf.read_template(writer.env, head.generation),
+                                        readers[0].record.dim) \
+            if p is not None and not meta and any(r.record.dense == IVF for r in readers) \
+            else None
         bar = writer.progress(sum(r.record.tokens for r in readers), "optimize (merge)",
                               "tok")
         for r in readers:
-            _merge_live(sw, r, txn, head, copy_codes=not meta, bar=bar)
+            _merge_live(sw, r, txn, head, coding, bar=bar)
         bar.close()
     record = sw.finish()
     note = ""
@@ -202,11 +208,11 @@ def _writes_ivf(writer: "Writer", head: V.Manifest) -> bool:
 
 
 def _merge_live(sw: Any, r: "SegmentReader", txn, head: V.Manifest,
-                copy_codes: bool = True, bar: Any = None) -> None:
+                coding: "ivf.Coding | None", bar: Any = None) -> None:
     """Hand the live documents of segment ``r`` to segment writer ``sw``: each run of
     consecutive live documents (empty ones, which have no blocks, included) with its
     blocks' columns and stored vector rows, copied from the chunks they lie in (and their
-    IVF entries, unless ``copy_codes`` is off: a retrained template codes them anew)."""
+    IVF entries, where they were coded with ``coding``, the merged segment's template)."""
     cols = r.columns(txn)
     ptr, bdoc = cols.block_ptr, cols.block_doc
     coded: Any = False  # r's IVF entries, where they can be copied (decided at the first rows)
@@ -229,10 +235,9 @@ def _merge_live(sw: Any, r: "SegmentReader", txn, head: V.Manifest,
             # arrive, never back). A segment of a version restored from before a retrain
             # holds codes of the old template: its rows are coded anew.
             coded = None
-            if copy and copy_codes and sw.kind() == IVF and r.record.dense == IVF:
-                template = sw.template or ivf.read_template(sw.env, sw.gen)
-                if r.ivf_file(head.generation).coded_with(template, r.record.dim):
-                    coded = r.ivf_coded(head.generation)
+            if copy and sw.kind() == IVF and r.record.dense == IVF and \
+                    r.ivf_file(head.generation).coded_with(coding):
+                coded = r.ivf_coded(head.generation)
         for c in range(lo // n, (hi - 1) // n + 1 if hi > lo else lo // n):
             stored = r.stored_chunk(txn, head.generation, c)
             a, z = max(lo, c * n), min(hi, (c + 1) * n)

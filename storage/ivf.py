@@ -442,6 +442,38 @@ def _template_part(ivf: Any, name: str) -> np.ndarray:
     return faiss.vector_to_array(faiss.downcast_index(ivf).pq.centroids)
 
 
+@dataclass(frozen=True)
+class Coding:
+    """What an IVF-PQ template codes vectors against: its coarse centroids and PQ
+    codebooks, read once (``optimize`` compares every source segment's file with it)."""
+
+    nlist: int
+    code_size: int
+    centroids: np.ndarray
+    codebooks: np.ndarray
+
+    @classmethod
+    def of(cls, ivf: Any) -> "Coding":
+        return cls(int(ivf.nlist), int(ivf.code_size), _template_part(ivf, "centroids"),
+                   _template_part(ivf, "codebooks"))
+
+    @classmethod
+    def of_template(cls, template: bytes | None, dim: int) -> "Coding | None":
+        """The coding of a serialized template (None for none)."""
+        import faiss
+
+        if template is None:
+            return None
+        loaded = load_template(template, dim)  # kept alive while its parts are read
+        return cls.of(faiss.extract_index_ivf(loaded))
+
+    def matches(self, ivf: Any) -> bool:
+        """Whether the IVF-PQ index ``ivf`` codes with these centroids and codebooks."""
+        return (self.nlist, self.code_size) == (ivf.nlist, ivf.code_size) and \
+            np.array_equal(self.centroids, _template_part(ivf, "centroids")) and \
+            np.array_equal(self.codebooks, _template_part(ivf, "codebooks"))
+
+
 class IvfFile:
     """A segment's ``g{gen}.tokens.ivf``, opened memory-mapped."""
 
@@ -476,21 +508,13 @@ class IvfFile:
         """Index entries (valid starts and ends) in the file's lists."""
         return int(self.index.ntotal)
 
-    def coded_with(self, template: bytes | None, dim: int) -> bool:
-        """Whether this file's entries were coded against ``template``: the same coarse
+    def coded_with(self, coding: "Coding | None") -> bool:
+        """Whether this file's entries were coded against ``coding``: the same coarse
         centroids and PQ codebooks (a generation's template changes when ``optimize``
         retrains it, and a version restored from before holds segments of the old one)."""
-        import faiss
-
-        if not self.approximate or template is None:
+        if not self.approximate or coding is None:
             return False
-        loaded = load_template(template, dim)  # kept alive: ``other`` points into it
-        other = faiss.extract_index_ivf(loaded)
-        mine = self.ivf
-        if (mine.nlist, mine.code_size) != (other.nlist, other.code_size):
-            return False
-        return all(np.array_equal(_template_part(mine, name), _template_part(other, name))
-                   for name in ("centroids", "codebooks"))
+        return coding.matches(self.ivf)
 
     def coded(self) -> Entries:
         """Every entry of an IVF-PQ file as :class:`Entries` (token positions ascending):
