@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from .errors import (
     DatabaseError, DataError, Error, IntegrityError, InterfaceError, InternalError,
-    NotSupportedError, OperationalError, ProgrammingError, QueryParseError, Warning,
+    NotSupportedError, OperationalError, ProgrammingError, QueryDataError, QueryParseError,
+    Warning,
 )
 
 __version__ = "0.1.0"
@@ -19,7 +20,7 @@ __all__ = [
     "open", "train", "evaluate", "Database", "Result", "Answer", "Evidence", "Document",
     "Error", "Warning", "InterfaceError", "DatabaseError", "DataError", "OperationalError",
     "IntegrityError", "InternalError", "ProgrammingError", "NotSupportedError",
-    "QueryParseError", "__version__",
+    "QueryParseError", "QueryDataError", "__version__",
 ]
 
 

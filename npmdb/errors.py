@@ -4,10 +4,12 @@
     ├── InterfaceError          misuse of the API itself (closed database, wrong argument type)
     └── DatabaseError
         ├── DataError           bad input data (non-text document, invalid UTF-8, bad file)
+        │   └── QueryDataError  a statement met a value it cannot use (text > number)
         ├── OperationalError    the environment failed (locked, disk full, corrupt file)
         ├── IntegrityError      a constraint would break (duplicate document id)
         ├── InternalError       a bug in npmdb: please report it
         ├── ProgrammingError    a bad query or option (no mask, unknown option, parse error)
+        │   └── QueryParseError a statement that does not parse or bind
         └── NotSupportedError   valid, but not available here (missing extra, no GPU)
 """
 
@@ -25,6 +27,7 @@ __all__ = [
     "ProgrammingError",
     "NotSupportedError",
     "QueryParseError",
+    "QueryDataError",
 ]
 
 
@@ -68,8 +71,8 @@ class NotSupportedError(DatabaseError):
     """Valid, but not available here (a missing optional extra, no GPU)."""
 
 
-class QueryParseError(ProgrammingError):
-    """A query string failed to parse; carries line, column and a caret diagram."""
+class _Positioned:
+    """An error at a place in a statement: ``line``, ``column`` and a caret diagram."""
 
     def __init__(self, message: str, *, text: str = "", line: int = 1, column: int = 1,
                  expected: tuple[str, ...] = ()) -> None:
@@ -89,3 +92,13 @@ class QueryParseError(ProgrammingError):
             src = lines[self.line - 1]
             head += "\n  " + src + "\n  " + " " * (self.column - 1) + "^"
         return head
+
+
+class QueryParseError(_Positioned, ProgrammingError):
+    """A query string failed to parse; carries line, column and a caret diagram."""
+
+
+class QueryDataError(_Positioned, DataError):
+    """A valid statement met a value it cannot use: a document's text compared with a
+    number, arithmetic past 64 bits. Carries the place in the statement (as
+    :class:`QueryParseError`) and says which row held the value."""

@@ -207,20 +207,25 @@ class _Binder:
         items: list[ProjectItem] = []
         for it in self.stmt.columns:
             if isinstance(it.expr, A.Star):
-                for col in _STAR[self.source]:
-                    items.append(ProjectItem(col, A.Name(self.scope[col][0], pos=it.pos)))
-                continue
-            name = it.alias or (".".join(it.expr.parts) if isinstance(it.expr, A.Name)
-                                else expr_to_sql(it.expr))
-            if any(p.name == name for p in items):  # a row is a dict: one would be lost
-                self.fail(it, f"two select items are named {name!r}; a result row holds one "
-                              "value a name: rename one with AS")
-            items.append(ProjectItem(name, self.resolve(it.expr, "select")))
+                named = [(col, A.Name(self.scope[col][0], pos=it.pos))
+                         for col in _STAR[self.source]]
+            else:
+                named = [(it.alias or (".".join(it.expr.parts) if isinstance(it.expr, A.Name)
+                                       else expr_to_sql(it.expr)),
+                          self.resolve(it.expr, "select"))]
+            for name, expr in named:
+                if any(p.name == name for p in items):  # a row is a dict: one would be lost
+                    star = f" ('*' is {', '.join(_STAR[self.source])})" \
+                        if isinstance(it.expr, A.Star) else ""
+                    self.fail(it, f"two select items are named {name!r}{star}; a result row "
+                                  "holds one value a name: rename one with AS")
+                items.append(ProjectItem(name, expr))
         return tuple(items)
 
     def order_keys(self) -> tuple[OrderKey, ...]:
         keys = []
         aliases = {it.alias: it for it in self.stmt.columns if it.alias}
+        folded = {a.lower(): it for a, it in reversed(aliases.items())}  # as column names
         for o in self.stmt.order_by:
             e = o.expr
             if isinstance(e, A.Literal) and e.kind == "integer":
@@ -229,10 +234,12 @@ class _Binder:
                     self.fail(e, f"ORDER BY {e.value}: no such select item (the select list "
                                  f"has {len(cols)}, and a '*' item cannot be named by position)")
                 e = cols[e.value - 1].expr
-            elif isinstance(e, A.Name) and len(e.parts) == 1 and e.parts[0] in aliases:
+            elif isinstance(e, A.Name) and len(e.parts) == 1 and (
+                    e.parts[0] in aliases or e.parts[0].lower() in folded):
                 # the output column wins over a source column of the same name (as in
-                # SQL: ORDER BY names what the result shows)
-                e = aliases[e.parts[0]].expr
+                # SQL: ORDER BY names what the result shows); an alias, like a column
+                # name, is found whatever its case
+                e = (aliases.get(e.parts[0]) or folded[e.parts[0].lower()]).expr
             if isinstance(e, A.Literal):
                 self.fail(o, "ORDER BY a constant orders nothing; name a column")
             if self.source in ("MASKED", "TOKENS", "CLASSIFY") and \
@@ -360,6 +367,32 @@ class _Binder:
                         self.stmt)
             self.fail(node, msg)
 
+    def check_used(self, method: str, mode: str, *, named: bool) -> None:
+        """A WITH option that the statement's retrieval or mode does not use is an error
+        (as the same option in USING is), not silently ignored."""
+        for o in self.stmt.options:
+            why = _UNUSED.get((o.name, method)) or _UNUSED.get((o.name, mode))
+            if why is None:
+                continue
+            how = "" if named else f" (the default of {self.source})"
+            if mode == "token" and (o.name, "token") in _UNUSED:
+                fix = "drop it, or use MASKED(...) for phrases"
+            elif method == "bm25":
+                fix = "ask for dense search, e.g. USING " + \
+                    ("exact(k => 1024)" if o.name == "exact" else "dense(k => 1024)")
+            else:
+                fix = "drop it, or retrieve BM25 blocks with USING bm25(blocks => 3) or hybrid"
+            self.fail(o, f"{o.name} is not used by {why.format(method=method, how=how)}: {fix}")
+
+    def check_no_evidence_columns(self, items: tuple[ProjectItem, ...]) -> None:
+        """``WITH evidence = 0`` leaves answers without occurrences: the columns of the
+        best occurrence would be NULL for every answer."""
+        for it in items:
+            for n in A.walk(it.expr):
+                if isinstance(n, A.Name) and n.parts in _EVIDENCE_COLUMNS:
+                    self.fail(n, f"{it.name} comes from an answer's best occurrence, and "
+                                 "WITH evidence = 0 keeps none: drop the option or the column")
+
     # ------------------------------------------------------------ the plan
 
     def build(self) -> Node:
@@ -399,6 +432,9 @@ class _Binder:
         d = {f.name: f.default for f in fields(spec_cls)}
         o = {**d, **opts}
         method = opts.get("retrieval") or d["retrieval"] or masked_retrieval(o["exact"])
+        self.check_used(method, o["mode"], named=opts.get("retrieval") is not None)
+        if not o["evidence"] and self.source != "EVIDENCE":
+            self.check_no_evidence_columns(items)
         node = Retrieve(self.source, text, method, o["mode"], o["k"], o["blocks"], o["exact"],
                         version, bm25_title=o["bm25_title"], bm25_question=o["bm25_question"])
         # the block prior weighs BM25 blocks: none in dense retrieval or classification
@@ -487,6 +523,17 @@ _WITH_OPTIONS = {
                  "bm25_title", "bm25_question", "calibrate"),
     "SEARCH": (), "DOCUMENTS": (),
 }
+# (option, retrieval method or mode) → what does not use it (a WITH option there is an error)
+_UNUSED: dict[tuple[str, str], str] = {
+    **{(o, "bm25"): "{method} retrieval{how}" for o in ("k", "exact")},
+    **{(o, m): "{method} retrieval{how}, which reads no BM25 blocks"
+       for o in ("blocks", "bm25_title", "bm25_question", "bm25_prior")
+       for m in ("dense", "exact")},
+    **{(o, "token"): "token mode (single tokens, no phrases)"
+       for o in ("max_len", "scoring", "no_stopwords", "clean_edges")},
+}
+# answer columns read from the best occurrence (canonical paths)
+_EVIDENCE_COLUMNS = {("doc", "id"), ("doc", "title"), ("start",), ("end",), ("snippet",)}
 # Options that a clause sets.
 _CLAUSE_FOR = {"top": "LIMIT", "limit": "LIMIT", "offset": "OFFSET", "version": "AS OF",
                "group_by": "GROUP BY", "retrieval": "USING", "doc_filter": "WHERE",

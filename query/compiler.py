@@ -21,15 +21,17 @@ comparing text with a number is a ProgrammingError (``=`` is simply false).
 from __future__ import annotations
 
 import dataclasses
+import decimal
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Callable
 
-from npmdb.errors import ProgrammingError
+from npmdb.errors import ProgrammingError, QueryDataError
 
 from . import ast as A
 from . import logical as L
-from .lexer import error_at
+from .lexer import MAX_INTEGER, error_at
 from .context import OpenContext
 from .executor import execute
 from .operators import Answers, BM25Blocks, Operator
@@ -127,12 +129,27 @@ class _ExprCompiler:
         self.text = text
 
     def fail(self, node: Any, message: str) -> ProgrammingError:
+        """The statement itself is wrong (whatever the rows hold)."""
         return error_at(self.text, getattr(node, "pos", None) or 0, message)
+
+    def bad(self, node: Any, message: str) -> QueryDataError:
+        """A row's value cannot be used here (:func:`_in_row` adds which row)."""
+        return error_at(self.text, getattr(node, "pos", None) or 0, message,
+                        cls=QueryDataError)
+
+    def checked(self, v: Any, node: Any) -> Any:
+        """A computed number within the literals' range: a 64-bit integer, a finite float."""
+        if isinstance(v, float) and not math.isfinite(v):
+            raise self.bad(node, f"number out of range from {expr_to_sql(node):.80}")
+        if isinstance(v, int) and not -MAX_INTEGER - 1 <= v <= MAX_INTEGER:
+            raise self.bad(node, f"integer out of range (must fit in 64 bits) from "
+                                 f"{expr_to_sql(node):.80}")
+        return v
 
     def truth(self, v: Any, node: Any) -> bool | None:
         if v is None or isinstance(v, bool):
             return v
-        raise self.fail(node, f"expected a condition (TRUE, FALSE or NULL), got {_kind(v)} "
+        raise self.bad(node, f"expected a condition (TRUE, FALSE or NULL), got {_kind(v)} "
                               f"{v!r:.60} from {expr_to_sql(node):.80}")
 
     def compile(self, e: A.Expr) -> Callable[[Row], Any]:
@@ -176,8 +193,8 @@ class _ExprCompiler:
             if v is None:
                 return None
             if not _is_num(v):
-                raise self.fail(e, f"'-' needs a number, got {_kind(v)} {v!r:.60}")
-            return -v
+                raise self.bad(e, f"'-' needs a number, got {_kind(v)} {v!r:.60}")
+            return self.checked(-v, e)
         return neg
 
     def c_BoolOp(self, e: A.BoolOp) -> Callable[[Row], Any]:
@@ -204,8 +221,10 @@ class _ExprCompiler:
             eq = same and a == b
             return eq if op == "=" else not eq
         if not ((_is_num(a) and _is_num(b)) or (isinstance(a, str) and isinstance(b, str))):
-            raise self.fail(node, f"cannot compare {_kind(a)} with {_kind(b)}: "
-                                  f"{a!r:.40} {op} {b!r:.40}")
+            raise self.bad(node, f"cannot compare {_kind(a)} with {_kind(b)}: "
+                                 f"{a!r:.40} {op} {b!r:.40}; a field that holds values of "
+                                 "different types needs one type (db.update), or a test "
+                                 "of each")
         if op == "<":
             return a < b
         if op == "<=":
@@ -225,19 +244,15 @@ class _ExprCompiler:
             if a is None or b is None:
                 return None
             if not (_is_num(a) and _is_num(b)):
-                raise self.fail(e, f"{op} needs numbers, got {_kind(a)} and {_kind(b)}")
-            if op == "+":
-                return a + b
-            if op == "-":
-                return a - b
-            if op == "*":
-                return a * b
-            if b == 0:
+                raise self.bad(e, f"{op} needs numbers, got {_kind(a)} and {_kind(b)}")
+            if op == "/" and b == 0:
                 return None  # division by zero is NULL, as in SQLite
             try:
-                return a / b
+                v = a + b if op == "+" else a - b if op == "-" else a * b if op == "*" \
+                    else a / b
             except OverflowError:
-                raise self.fail(e, "number too large to divide") from None
+                raise self.bad(e, f"number out of range from {expr_to_sql(e):.80}") from None
+            return self.checked(v, e)
         return arith
 
     def c_Like(self, e: A.Like) -> Callable[[Row], Any]:
@@ -249,11 +264,11 @@ class _ExprCompiler:
             if v is None or p is None:
                 return None
             if not isinstance(p, str):
-                raise self.fail(e.pattern, f"LIKE needs a text pattern, got {_kind(p)}")
+                raise self.bad(e.pattern, f"LIKE needs a text pattern, got {_kind(p)}")
             if _is_num(v):
                 v = str(v)
             if not isinstance(v, str):
-                raise self.fail(e.expr, f"LIKE needs text, got {_kind(v)}")
+                raise self.bad(e.expr, f"LIKE needs text, got {_kind(v)}")
             return like(p)(v) != neg
         return like_
 
@@ -306,12 +321,12 @@ class _ExprCompiler:
 
     def _text(self, e: A.Call, v: Any) -> str:
         if not isinstance(v, str):
-            raise self.fail(e, f"{e.name}() takes text, got {_kind(v)} {v!r:.40}")
+            raise self.bad(e, f"{e.name}() takes text, got {_kind(v)} {v!r:.40}")
         return v
 
     def _num(self, e: A.Call, v: Any) -> Any:
         if not _is_num(v):
-            raise self.fail(e, f"{e.name}() takes a number, got {_kind(v)} {v!r:.40}")
+            raise self.bad(e, f"{e.name}() takes a number, got {_kind(v)} {v!r:.40}")
         return v
 
     def f_length(self, e: A.Call, a: list) -> Any:
@@ -324,7 +339,7 @@ class _ExprCompiler:
         return None if a[0] is None else self._text(e, a[0]).upper()
 
     def f_abs(self, e: A.Call, a: list) -> Any:
-        return None if a[0] is None else abs(self._num(e, a[0]))
+        return None if a[0] is None else self.checked(abs(self._num(e, a[0])), e)
 
     def f_round(self, e: A.Call, a: list) -> Any:
         if any(v is None for v in a):
@@ -332,24 +347,50 @@ class _ExprCompiler:
         x = self._num(e, a[0])
         n = a[1] if len(a) > 1 else 0
         if not isinstance(n, int) or isinstance(n, bool):
-            raise self.fail(e, f"round() takes an integer number of digits, got {n!r:.40}")
-        n = max(-400, min(400, n))
-        try:
-            return round(x, n)
-        except OverflowError:
-            raise self.fail(e, "round(): number out of range") from None
+            raise self.bad(e, f"round() takes an integer number of digits, got {n!r:.40}")
+        return self.checked(round_half_away(x, max(-400, min(400, n))), e)
 
     def f_coalesce(self, e: A.Call, a: list) -> Any:
         return next((v for v in a if v is not None), None)
 
 
+def round_half_away(x: int | float, n: int) -> int | float:
+    """``x`` rounded to ``n`` decimal digits, halves away from zero (SQL's ``round``, not
+    Python's halves to even), from the number as it prints: ``round(2.675, 2)`` is 2.68. An
+    integer stays an integer."""
+    with decimal.localcontext() as ctx:
+        ctx.prec, ctx.Emax, ctx.Emin = 1000, 10_000, -10_000
+        d = decimal.Decimal(repr(x) if isinstance(x, float) else int(x))
+        if not d.is_finite():
+            return x
+        r = d.quantize(decimal.Decimal(1).scaleb(-n), rounding=decimal.ROUND_HALF_UP)
+    return float(r) if isinstance(x, float) else int(r)
+
+
+def _in_row(f: Callable[[Row], Any]) -> Callable[[Row], Any]:
+    """``f`` whose data errors say which row held the value: its document, or its answer."""
+    def run(r: Row) -> Any:
+        try:
+            return f(r)
+        except QueryDataError as exc:
+            if "doc.id" in r:
+                where = f"document {r['doc.id']!r}"
+            elif "phrase" in r:
+                where = f"answer {r['phrase']!r}"
+            else:
+                raise
+            raise QueryDataError(f"{exc.short_message} (in {where})", text=exc.text,
+                                 line=exc.line, column=exc.column) from None
+    return run
+
+
 def compile_expr(e: A.Expr, text: str = "") -> Callable[[Row], Any]:
     """A function of a row computing ``e`` (names in canonical form, see :mod:`.logical`)."""
-    return _ExprCompiler(text).compile(e)
+    return _in_row(_ExprCompiler(text).compile(e))
 
 
 def _condition(e: A.Expr, text: str) -> Callable[[Row], bool]:
-    return _ExprCompiler(text).condition(e)
+    return _in_row(_ExprCompiler(text).condition(e))
 
 
 def _describe(e: A.Expr) -> str:

@@ -13,7 +13,7 @@ import difflib
 from typing import Any, Iterable, NoReturn
 
 from . import ast as A
-from .lexer import Token, error_at
+from .lexer import MAX_INTEGER, Token, error_at
 
 __all__ = ["ExprParser", "MAX_DEPTH", "CLAUSES"]
 
@@ -127,7 +127,8 @@ class ExprParser:
                 if isinstance(child, A.Node):
                     depth = max(depth, self._depths.get(id(child), 1))
         if depth + 1 > MAX_DEPTH:
-            self.fail(f"expression nested too deeply (limit {MAX_DEPTH} levels)", expected=())
+            self.fail(f"expression nested too deeply (limit {MAX_DEPTH} levels; each + - * / of "
+                      "a chain is a level: group long sums with parentheses)", expected=())
         self._depths[id(node)] = depth + 1
         self._keep.append(node)
         return node
@@ -252,6 +253,9 @@ class ExprParser:
 
     def primary(self, expected: tuple[str, ...]) -> A.Expr:
         t = self.tok
+        if t.kind == "integer" and t.value > MAX_INTEGER:  # 2**63 after a binary '-'
+            raise error_at(self.text, t.pos, f"integer out of range {t.text!r} (must fit in "
+                           "64 bits)")
         if t.kind in ("string", "integer", "float"):
             self.advance()
             return A.Literal(t.value, pos=t.pos)

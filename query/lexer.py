@@ -140,14 +140,16 @@ def line_col(text: str, offset: int) -> tuple[int, int]:
     return _Lines(text).line_col(max(0, min(offset, len(text))))
 
 
-def error_at(text: str, offset: int, message: str, expected: tuple[str, ...] = ()) -> QueryParseError:
-    """A :class:`QueryParseError` pointing at ``offset`` in ``text``.
+def error_at(text: str, offset: int, message: str, expected: tuple[str, ...] = (),
+             cls: type = QueryParseError) -> Any:
+    """A :class:`QueryParseError` (or ``cls``, e.g. ``QueryDataError``) pointing at
+    ``offset`` in ``text``.
 
-    Later stages (name resolution, binding) can use it with a node's ``pos`` to report
-    errors the same way the parser does.
+    Later stages (name resolution, binding, evaluation) can use it with a node's ``pos``
+    to report errors the same way the parser does.
     """
     line, column = line_col(text, offset if offset is not None else 0)
-    return QueryParseError(message, text=text, line=line, column=column, expected=tuple(expected))
+    return cls(message, text=text, line=line, column=column, expected=tuple(expected))
 
 
 def is_plain_identifier(name: str) -> bool:
@@ -200,7 +202,8 @@ def tokenize(text: str) -> tuple[Token, ...]:
             tail = _BAD_NUMBER_TAIL_RE.match(text, end).group()
             if tail:
                 raise error_at(text, pos, f"bad number {_shorten(raw + tail)!r}")
-            kind, value = _number(text, pos, raw)
+            negated = bool(tokens) and tokens[-1].kind == "op" and tokens[-1].value == "-"
+            kind, value = _number(text, pos, raw, negated)
         elif kind == "ident":
             if raw.isascii() and raw.upper() in KEYWORDS:
                 kind, value = "keyword", raw.upper()
@@ -223,13 +226,15 @@ def tokenize(text: str) -> tuple[Token, ...]:
     return tuple(tokens)
 
 
-def _number(text: str, pos: int, raw: str) -> tuple[str, int | float]:
+def _number(text: str, pos: int, raw: str, negated: bool = False) -> tuple[str, int | float]:
+    """A number token's kind and value; an integer after a minus sign may be 2**63 (the
+    parser folds the sign; one that is not negated is refused there)."""
     if any(c in raw for c in ".eE"):
         value = float(raw)
         if not math.isfinite(value):
             raise error_at(text, pos, f"number out of range {_shorten(raw)!r}")
         return "float", value
-    if len(raw.lstrip("0")) > 19 or int(raw) > MAX_INTEGER:
+    if len(raw.lstrip("0")) > 19 or int(raw) > MAX_INTEGER + negated:
         raise error_at(text, pos, f"integer out of range {_shorten(raw)!r} (must fit in 64 bits)")
     return "integer", int(raw)
 

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from npmdb.errors import ProgrammingError
+from npmdb.errors import DataError
 
 from .surfaces import locate, snippet
 from .tail import best_first
@@ -165,8 +165,10 @@ class OrderRows(Operator):
                 present.sort(key=lambda i: values[i], reverse=desc)
             except TypeError:
                 kinds = sorted({type(values[i]).__name__ for i in present})
-                raise ProgrammingError(f"ORDER BY {describe}: cannot sort values of different "
-                                       f"types ({', '.join(kinds)})") from None
+                raise DataError(f"ORDER BY {describe}: cannot sort values of different types "
+                                f"({', '.join(kinds)}); a field that holds values of "
+                                "different types needs one type (db.update), or ORDER BY an "
+                                "expression of one type") from None
             rows = [rows[i] for i in present + missing]
         return Rows(rows)
 

@@ -48,14 +48,17 @@ retrieval. A term mixing document and answer columns under OR raises NotSupporte
 MASKED/TOKENS/CLASSIFY; on row sources it filters rows. Expressions: comparisons, LIKE
 (case-insensitive; ``%``, ``_``), IN, BETWEEN, IS NULL, AND/OR/NOT (three-valued),
 ``+ - * /``, and ``length`` (words), ``lower``, ``upper``, ``abs``, ``round``,
-``coalesce``. ``=`` on text is exact.
+``coalesce``. ``=`` on text is exact, and text sorts in character order. Integers, literal
+or computed, are 64-bit and floats finite; a row's value that cannot be used (text compared
+with a number, an overflow) is a :class:`~npmdb.errors.QueryDataError` naming the row.
 
 **Options**: ``USING dense(k) | bm25(blocks) | hybrid(k, blocks) | exact(k)`` (exact =
 dense with an exact scan) and ``WITH`` any of mode, k, blocks, max_len, tau, alpha, exact,
 scoring, clean_edges, no_stopwords, evidence, bm25_title, bm25_question, bm25_prior,
 not_in_query, no_query_words, not_subject_name, whole_names (CLASSIFY: no alpha, scoring,
 no_stopwords, bm25_prior, not_in_query, no_query_words, not_subject_name, whole_names;
-calibrate, CLASSIFY only). ``GROUP BY phrase | tokens | document | word``; ``AS OF`` a version id or
+calibrate, CLASSIFY only); an option the retrieval or mode does not use (``k`` with bm25,
+``blocks`` with dense, ``max_len`` in token mode) is an error. ``GROUP BY phrase | tokens | document | word``; ``AS OF`` a version id or
 tag. Answers are ordered by score, support, phrase, tokens, length or length(phrase)
 (a name, an alias or a select-list position); rows of the other sources by any expression.
 ``LIMIT 0`` returns no rows without running.
@@ -81,6 +84,7 @@ from .compiler import compile_plan, format_explain, show
 from .context import OpenContext
 from .lexer import MAX_INTEGER, error_at
 from .binder import build
+from .printer import expr_to_sql
 from .parser import parse
 from .rules import optimize
 
@@ -117,11 +121,12 @@ def _execute(text: str, params: Any, open_context: OpenContext) -> Any:
     if isinstance(stmt, A.Show):
         with open_context(None) as ctx:
             return show(ctx.history(), stmt.what)
+    # every statement, EXPLAIN too, reports an unknown AS OF as the SELECT would
+    _check_version(open_context, stmt.statement if isinstance(stmt, A.Explain) else stmt,
+                   compiled, text)
     if not isinstance(stmt, A.Explain):
-        _check_version(open_context, stmt, compiled, text)
         return compiled.run(open_context)
     if stmt.analyze:
-        _check_version(open_context, stmt.statement, compiled, text)
         res = compiled.run(open_context)
         total = f"total: {res.elapsed_ms:.2f} ms, {len(res.rows or ())} rows"
         physical = res.plan if compiled.spec is not None or compiled.rows_root is not None else ""
@@ -213,7 +218,23 @@ def bind(stmt: A.Statement, params: Any, text: str) -> A.Statement:
     else:
         raise ProgrammingError(f"params must be a sequence (for ?) or a mapping (for :name), "
                                f"not {type(params).__name__}")
-    return _Binder(text, lookup).node(stmt)
+    return _Binder(text, lookup).node(_param_items_named(stmt))
+
+
+def _param_items_named(stmt: A.Statement) -> A.Statement:
+    """``stmt`` with each select item that holds a parameter named by its text (``?``,
+    ``:name``, ``? + 1``) unless it has an alias: a column's name comes from the statement,
+    never from the values bound to it."""
+    select = stmt.statement if isinstance(stmt, A.Explain) else stmt
+    if not isinstance(select, A.Select):
+        return stmt
+    cols = tuple(dataclasses.replace(it, alias=expr_to_sql(it.expr))
+                 if it.alias is None and not isinstance(it.expr, (A.Star, A.Name))
+                 and A.params(it.expr) else it for it in select.columns)
+    if cols == select.columns:
+        return stmt
+    select = dataclasses.replace(select, columns=cols)
+    return dataclasses.replace(stmt, statement=select) if isinstance(stmt, A.Explain) else select
 
 
 class _Binder:
@@ -230,7 +251,7 @@ class _Binder:
         if v is None or isinstance(v, (bool, str)):
             return A.Literal(v, pos=p.pos)
         if isinstance(v, int):
-            if abs(v) > MAX_INTEGER:
+            if not -MAX_INTEGER - 1 <= v <= MAX_INTEGER:
                 raise error_at(self.text, p.pos, f"parameter {_name(p)} is out of range "
                                "(integers must fit in 64 bits)")
             return A.Literal(int(v), pos=p.pos)

@@ -17,7 +17,6 @@ import numpy as np
 from . import scoring as S
 from .operators import Answers, ExecState, Group, Occurrences, Operator, _fmt
 from .surfaces import locate, snippet
-from .text import fold
 
 __all__ = ["FilterAnswers", "OrderBy", "Limit", "AttachEvidence", "best_first"]
 
@@ -62,8 +61,8 @@ def _sort_value(g: Group, col: str):
         return (g.score, 0.0)
     if col == "support":
         return g.support
-    if col in ("phrase", "label", "text"):
-        return fold(g.text)
+    if col in ("phrase", "label", "text"):  # character order, as rows of other sources sort
+        return g.text
     if col in ("length", "tokens"):
         return g.n_tokens
     if col == "words":  # SQL's length(phrase): number of words

@@ -374,8 +374,9 @@ def test_sql_with_bm25_prior_runs_as_fill_mask(tmp_path, tiny_encoder):
         plan = db.sql("EXPLAIN SELECT * FROM MASKED(?) USING hybrid WITH bm25_prior = 2",
                       [q]).plan
         assert "Score (npm, tau=1.0, bm25_prior=2)" in plan and "text scores" in plan
-        plan = db.sql("EXPLAIN SELECT * FROM MASKED(?) USING dense WITH bm25_prior = 2",
-                      [q]).plan
+        with pytest.raises(npmdb.QueryParseError, match="bm25_prior is not used by dense"):
+            db.sql("EXPLAIN SELECT * FROM MASKED(?) USING dense WITH bm25_prior = 2", [q])
+        plan = db.sql("EXPLAIN SELECT * FROM MASKED(?) USING dense", [q]).plan
         assert "bm25_prior" not in plan                     # dense: no blocks to weigh
         plan = db.sql("EXPLAIN SELECT * FROM MASKED(?) WITH bm25_prior = 2", [q]).plan
         assert "bm25_prior=2" in plan                       # bm25, the default

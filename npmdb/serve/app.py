@@ -39,7 +39,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from ..errors import (Error, IntegrityError, NotSupportedError, OperationalError,
-                      ProgrammingError, QueryParseError)
+                      ProgrammingError, QueryDataError, QueryParseError)
 from ..storage.versions import parse_ref
 from .settings import Settings
 
@@ -66,8 +66,9 @@ class ApiError(Exception):
 
 def from_npmdb(exc: Error) -> ApiError:
     """npmdb's errors as API errors: a bad query is 400, a conflict 409, never a trace."""
-    if isinstance(exc, QueryParseError):
-        return ApiError(400, "ProgrammingError", str(exc), line=exc.line, column=exc.column,
+    if isinstance(exc, (QueryParseError, QueryDataError)):
+        kind = "ProgrammingError" if isinstance(exc, QueryParseError) else "DataError"
+        return ApiError(400, kind, str(exc), line=exc.line, column=exc.column,
                         expected=list(exc.expected), detail=exc.short_message)
     if isinstance(exc, IntegrityError):
         return ApiError(409, "IntegrityError", str(exc))

@@ -80,17 +80,18 @@ def schema(settings: Settings) -> dict[str, Any]:
         "Error": {"type": "object", "required": ["error"], "properties": {"error": {
             "type": "object", "required": ["type", "message"], "properties": {
                 "type": {"type": "string", "examples": [
-                    "ProgrammingError", "BadRequest", "LimitExceeded", "NotFound", "ReadOnly",
+                    "ProgrammingError", "DataError", "BadRequest", "LimitExceeded", "NotFound", "ReadOnly",
                     "Unauthorized", "MethodNotAllowed", "IntegrityError", "OperationalError",
                     "PayloadTooLarge", "Timeout", "InternalError"]},
                 "message": {"type": "string"},
-                "line": {"type": "integer", "description": "ProgrammingError of a parse: "
-                                                            "where in the query (from 1)"},
+                "line": {"type": "integer", "description": "a parse (ProgrammingError) or "
+                                                            "a row's value (DataError): where in "
+                                                            "the query (from 1)"},
                 "column": {"type": "integer"},
                 "expected": {"type": "array", "items": {"type": "string"},
                              "description": "what the parser expected there"},
-                "detail": {"type": "string", "description": "the parse error without the "
-                                                           "query and caret"},
+                "detail": {"type": "string", "description": "the error without the query "
+                                                           "and caret"},
                 "limit": {"type": "integer", "description": "LimitExceeded: the limit"}}}}},
         "FillMaskRequest": {"type": "object", "required": ["query"],
                             "additionalProperties": False, "properties": {
