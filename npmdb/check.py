@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import Error
+from npmdb.storage import codec as C
 from npmdb.storage import format as F
 from npmdb.storage.integrity import (
     doc_values, gen_of, read_doc_crcs, read_sums, segment_files, validate_hnsw, verify_files,
@@ -260,6 +261,8 @@ class _Checker:
         if n_tok is not None:
             rows_per = rec.chunk
             n_chunks = (n_tok + rows_per - 1) // rows_per
+            fixed = C.CODECS.get(rec.codec)  # a stateless codec: its row size is known
+            row_bytes = None if fixed is None else fixed.bytes_per_vector(rec.dim)
             for g in sorted(gens):
                 width = None
                 for ch in range(n_chunks):
@@ -275,7 +278,14 @@ class _Checker:
                         continue
                     self.counts["vector_chunks"] += 1
                     rows = min(rows_per, n_tok - ch * rows_per)
-                    width = arr.shape[1:] if width is None else width
+                    if width is None:
+                        width = arr.shape[1:]
+                        got = arr.dtype.itemsize * int(np.prod(width))
+                        if row_bytes is not None and got != row_bytes:
+                            self.err(where, f"vectors of generation {g} are {got} bytes a "
+                                            f"token where {rec.codec} at the segment's "
+                                            f"{rec.dim} dimensions stores {row_bytes}: "
+                                            "vectors of another width were written")
                     if arr.shape != (rows, *width):
                         self.err(where, f"vector chunk {ch} of generation {g} has shape "
                                         f"{arr.shape}, expected {(rows, *width)}")

@@ -460,9 +460,12 @@ class Database(Versioning):
         return self.count()
 
     def get(self, doc_id: str, *, version: int | str | None = None) -> dict[str, Any] | None:
-        """The live document ``doc_id`` as a dict, or None."""
+        """The live document ``doc_id`` as a dict, or None (also in an empty database)."""
         if not isinstance(doc_id, str):
             raise ProgrammingError(f"document ids are strings, got {doc_id!r}")
+        check_ref(version)
+        if version is None and self.version is None:
+            return None
         with self.snapshot(version) as snap:
             loc = V.find_doc(snap.txn, self.env.dbs, snap.manifest, doc_id)
             if loc is None:
@@ -472,7 +475,11 @@ class Database(Versioning):
             return {"id": d.id, "title": d.title, "text": d.text, "meta": d.meta}
 
     def documents(self, *, version: int | str | None = None) -> Iterator[dict[str, Any]]:
-        """Every live document at ``version``, in insertion order."""
+        """Every live document at ``version``, in insertion order (none in an empty
+        database)."""
+        check_ref(version)
+        if version is None and self.version is None:
+            return
         with self.snapshot(version) as snap:
             for seg in snap.segments:
                 dead = set(snap.manifest.deleted.get(seg.seg, ()))
@@ -537,26 +544,51 @@ class Database(Versioning):
 
     def write_generation(self, model: Any, *, steps: int = 0, tag: str | None = None,
                          message: str = "", info: dict | None = None,
-                         engine: Any = "local", timeout: float | None = None
-                         ) -> tuple[int, int]:
+                         engine: Any = "local", timeout: float | None = None,
+                         move: bool = False) -> tuple[int, int]:
         """Re-embed every document with ``model`` (a transformers model, e.g. a trained
         copy of the encoder) as a new embedding generation, and commit a version that reads
         it (tagged ``tag``); returns ``(version, generation)``. Older versions keep their
         own encoder. ``engine``: 'local' or 'ray' / a RayEngine (see docs/SCALE.md);
-        ``timeout``: seconds to wait for another writer (None: the handle's)."""
+        ``timeout``: seconds to wait for another writer (None: the handle's); ``move``: a
+        ``tag`` that names another version moves (refused otherwise, as ``db.tag`` does).
+
+        The model must be a copy of the database's encoder: the same hidden size, a
+        vocabulary that holds the stored token ids, room for a block. Every argument is
+        checked before anything is encoded; nothing is written when one is refused."""
         if timeout is not None and (isinstance(timeout, bool)
                                     or not isinstance(timeout, (int, float)) or timeout < 0):
             raise ProgrammingError(f"timeout must be a number of seconds >= 0, got "
                                    f"{timeout!r}")
         V.check_message(message)
-        from .generations import reembed
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise ProgrammingError(f"steps (the training steps behind the model, recorded "
+                                   f"with it) must be an integer >= 0, got {steps!r}")
+        if info is not None:
+            if not isinstance(info, Mapping):
+                raise ProgrammingError(f"info must be a dict of what to record with the "
+                                       f"generation, got {type(info).__name__}")
+            try:
+                F.pack(dict(info))
+            except Exception as exc:  # noqa: BLE001 - msgpack raises several kinds
+                raise ProgrammingError(f"info cannot be stored: {exc} (use str, numbers, "
+                                       "lists and dicts)") from None
+        if tag is not None:
+            check_text(tag, "the tag name")
+            V.check_tag_name(tag)
+        if not isinstance(move, bool):
+            raise ProgrammingError(f"move must be True or False, got {move!r}")
+        from .generations import check_model_type, reembed
+
+        check_model_type(model)
 
         runner = None
         if not (isinstance(engine, str) and engine == "local"):
             from .ingest.ray import resolve_engine
             runner = resolve_engine(engine)
         return reembed(self._writing(), self._encoders, model, steps=steps, tag=tag,
-                       message=message, info=info, engine=runner, timeout=timeout)
+                       message=message, info=info, engine=runner, timeout=timeout,
+                       move=move)
 
     def check(self, *, deep: bool = True):
         """Verify every checksum and reference of the database (see :mod:`npmdb.check`);

@@ -23,6 +23,7 @@ def write_generation(db: "Database", model: Any, *, steps: int = 0, tag: str | N
                      engine: Any = "ray", timeout: float = REFRESH_LOCK_WAIT) -> tuple[int, int]:
     """``db.write_generation`` on Ray workers: the same result as a local refresh (vectors
     within float16 rounding); plugs into ``npmdb.train.refresh.Refresher(db, write=...)``.
-    Like a local refresh it waits up to ``timeout`` seconds for another writer."""
+    Like a local refresh it waits up to ``timeout`` seconds for another writer, and moves
+    its tag (a training run's ``train-step-N``)."""
     return db.write_generation(model, steps=steps, tag=tag, message=message, info=info,
-                               engine=engine, timeout=timeout)
+                               engine=engine, timeout=timeout, move=True)

@@ -159,6 +159,11 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "spiece.model", "sentencepiece.bpe.model", "sentencepiece.model")
 
 
+#: Of those, the ones that hold a vocabulary: a directory needs one of them.
+VOCABULARY_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model",
+                    "sentencepiece.bpe.model", "sentencepiece.model")
+
+
 def fingerprint_tokenizer(path: Path) -> str:
     """sha256 over the tokenizer files of a model directory: the same weights read through
     another vocabulary or casing give other token ids, and vectors of another text."""
@@ -192,6 +197,12 @@ def _resolve_path(path: str | os.PathLike | None) -> Path:
     if not any((p / w).exists() for w in WEIGHT_FILES):
         raise OperationalError(f"encoder directory {str(p)!r} has no weights "
                                f"({' or '.join(WEIGHT_FILES)})")
+    if not any((p / v).exists() for v in VOCABULARY_FILES):
+        # transformers would build an empty tokenizer that reads every word as one id
+        raise OperationalError(
+            f"encoder directory {str(p)!r} has no tokenizer (none of "
+            f"{', '.join(VOCABULARY_FILES)}): copy the tokenizer files of the model it was "
+            "trained from beside its weights")
     return p.resolve()
 
 

@@ -21,8 +21,9 @@ from npmdb.storage.segments import fsync_dir
 
 __all__ = ["Encoders", "preload", "save_checkpoint", "TOKENIZER_FILES"]
 
-TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json",
-                   "special_tokens_map.json", "merges.txt", "vocab.json", "sentencepiece.bpe.model")
+#: The tokenizer files a checkpoint gets (those its source has): the files a tokenizer is
+#: read from and fingerprinted by.
+TOKENIZER_FILES = enc_mod.TOKENIZER_FILES
 
 
 class Encoders:
@@ -121,15 +122,23 @@ class Encoders:
 
 def save_checkpoint(model: Any, target: Path, tokenizer_dirs: list[Path]) -> None:
     """Save ``model`` (a transformers model) to ``target`` as safetensors, with the
-    tokenizer files found first in ``tokenizer_dirs``; fsynced, then renamed into place."""
+    tokenizer files of the first of ``tokenizer_dirs`` that holds a tokenizer; fsynced,
+    then renamed into place. Raises OperationalError, with nothing in place, where none
+    of them holds one."""
+    source = next((d for d in tokenizer_dirs
+                   if any((d / v).exists() for v in enc_mod.VOCABULARY_FILES)), None)
+    if source is None:
+        raise OperationalError(
+            "no tokenizer to save with the new checkpoint: none of "
+            f"{', '.join(str(d) for d in tokenizer_dirs)} holds one (the encoder's directory "
+            "was moved or emptied); reopen the database with encoder=<its directory>")
     tmp = target.with_name(target.name + ".tmp")
     remove_dir(tmp)
     tmp.mkdir(parents=True)
     model.save_pretrained(tmp, safe_serialization=True)
-    for name in TOKENIZER_FILES:
-        src = next((d / name for d in tokenizer_dirs if (d / name).exists()), None)
-        if src is not None:
-            shutil.copy(src, tmp / name)
+    for name in TOKENIZER_FILES:  # one tokenizer's files, never a mix of two
+        if (source / name).exists():
+            shutil.copy(source / name, tmp / name)
     for f in tmp.iterdir():
         fd = os.open(f, os.O_RDONLY)
         os.fsync(fd)

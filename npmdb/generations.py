@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import encoder as enc_mod
 from .encoders import save_checkpoint
-from .errors import ProgrammingError
+from .errors import IntegrityError, ProgrammingError
 from .ingest.local import encode_into
 from npmdb.storage import format as F
 from npmdb.storage import versions as V
@@ -34,7 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .database import Database
     from .encoders import Encoders
 
-__all__ = ["write_generation", "reembed", "NewGeneration"]
+__all__ = ["write_generation", "reembed", "NewGeneration", "check_model_type", "check_model"]
 
 
 @dataclass(frozen=True)
@@ -52,20 +51,59 @@ class NewGeneration:
         return self.head.segments
 
 
+def check_model_type(model: Any) -> None:
+    """``model`` must be a transformers model: what ``write_generation`` saves and encodes
+    with."""
+    if not (hasattr(model, "save_pretrained") and hasattr(model, "config")
+            and callable(getattr(model, "state_dict", None))):
+        raise ProgrammingError(
+            f"write_generation takes a transformers model (a trained copy of the database's "
+            f"encoder, e.g. npmdb.train's), not {type(model).__name__}")
+
+
+def check_model(model: Any, base: enc_mod.Encoder, dim: int) -> None:
+    """``model`` must read the corpus as ``base`` (the encoder of the generation it
+    refreshes) does, into vectors of the database's width: the same hidden size, a
+    vocabulary that holds every stored token id, and room for a whole block. Checked
+    before anything is encoded or written."""
+    config = model.config
+    hidden = getattr(config, "hidden_size", None)
+    if hidden != dim:
+        raise ProgrammingError(
+            f"the model's hidden size is {hidden} and the database's vectors are {dim} "
+            "wide: refresh with a trained copy of the database's encoder (its vectors "
+            "must have the width the indexes hold), or make a new database for this model")
+    vocab, have = getattr(config, "vocab_size", None), len(base.tokenizer)
+    if not isinstance(vocab, int) or vocab < have:
+        raise ProgrammingError(
+            f"the model's vocabulary holds {vocab} tokens and the database's tokenizer "
+            f"{have}: the stored token ids are the tokenizer's, so refresh with a model "
+            "trained from the database's encoder")
+    positions = enc_mod.usable_positions(config.to_dict())
+    if positions < base.max_positions:
+        raise ProgrammingError(
+            f"the model takes {positions} positions and the database's blocks need "
+            f"{base.max_positions}: refresh with a model trained from the database's encoder")
+
+
 def _begin(writer: "Writer", encoders: "Encoders", model: Any) -> NewGeneration:
     """Number the next generation and save ``model`` as its checkpoint (safetensors, with
-    the tokenizer files of its parent or, for generation 0, of the base encoder)."""
+    the tokenizer files of its parent or, for generation 0, of the base encoder as it was
+    loaded, wherever that is now)."""
     head = writer.head()
     if head is None:
         raise ProgrammingError("the database is empty: nothing to re-embed")
     with writer.env.read() as txn:
         gen = int(V.get_meta(txn, writer.env.dbs, "next_generation", 1))
     base = encoders.get(head.generation)
+    check_model(model, base, int(writer.config["dim"]))
     ckpt = checkpoint_dir(writer.root, gen)
     ckpt.parent.mkdir(exist_ok=True)
     parent = checkpoint_dir(writer.root, head.generation)
-    save_checkpoint(model, ckpt, [parent if parent.exists() else Path(base.info.path),
-                                  Path(encoders.get(0).info.path)])
+    # the directories the encoders were loaded from: a recorded path may be gone (a
+    # database copied to another machine finds its default encoder by its sha256)
+    save_checkpoint(model, ckpt, [parent if parent.exists() else base.path,
+                                  encoders.get(0).path])
     found = enc_mod.describe(ckpt)
     info = enc_mod.EncoderInfo(base.info.name + f"@g{gen}", str(ckpt), found.fingerprint,
                                found.hidden_size, found.model_type, found.tokenizer)
@@ -83,20 +121,31 @@ def write_generation(db: "Database", model: Any, *, steps: int = 0, tag: str | N
                      timeout: float = REFRESH_LOCK_WAIT) -> tuple[int, int]:
     """``db.write_generation(model, ...)``: the refresh function a
     :class:`~npmdb.train.refresh.Refresher` calls by default; it waits up to ``timeout``
-    seconds for another writer."""
+    seconds for another writer, and moves its tag (a run's ``train-step-N`` tags name the
+    latest run's steps: see ``npmdb.train``'s ``tag_prefix``)."""
     return db.write_generation(model, steps=steps, tag=tag, message=message, info=info,
-                               timeout=timeout)
+                               timeout=timeout, move=True)
 
 
 def reembed(writer: "Writer", encoders: "Encoders", model: Any, *, steps: int = 0,
             tag: str | None = None, message: str = "", info: dict | None = None,
-            engine: Any = None, timeout: float | None = None) -> tuple[int, int]:
+            engine: Any = None, timeout: float | None = None,
+            move: bool = False) -> tuple[int, int]:
     """Re-embed HEAD's segments with ``model`` (a transformers model) as a new generation
     and commit a version that reads it; returns ``(version id, generation)``.
     ``engine``: None (this process) or a :class:`npmdb.ingest.ray.RayEngine`;
-    ``timeout``: seconds to wait for another writer (None: the handle's)."""
+    ``timeout``: seconds to wait for another writer (None: the handle's); ``move``: the
+    ``tag`` may already name another version (refused otherwise, as ``db.tag`` does)."""
     with writer.hold(timeout):
         writer.refuse_uncommitted()  # before encoding every segment, not after
+        if tag is not None and not move:
+            with writer.env.read() as txn:
+                had = V.tags_of(txn, writer.env.dbs).get(tag)
+            if had is not None:
+                raise IntegrityError(
+                    f"tag {tag!r} already names version {had}: choose another tag, or pass "
+                    "move=True to point it at the new version (vacuum then no longer keeps "
+                    f"version {had} for it); nothing was written")
         new = _begin(writer, encoders, model)
         encoder = enc_mod.Encoder(writer.root / new.checkpoint, device=encoders.device,
                                   info=new.info)

@@ -64,14 +64,26 @@ class VersionView:
     def search(self, text: str, **kw: Any):
         return self._db.search(text, **self._opts(kw))
 
-    def get(self, doc_id: str):
-        return self._db.get(doc_id, version=self.version)
+    def get(self, doc_id: str, *, version: int | str | None = None):
+        return self._db.get(doc_id, version=self._ref(version))
 
-    def documents(self):
-        return self._db.documents(version=self.version)
+    def documents(self, *, version: int | str | None = None):
+        return self._db.documents(version=self._ref(version))
 
-    def count(self) -> int:
-        return self._db.count(self.version)
+    def count(self, version: int | str | None = None) -> int:
+        return self._db.count(self._ref(version))
+
+    def __len__(self) -> int:
+        return self.count()
+
+    def versions(self) -> list[dict[str, Any]]:
+        """The database's version history (reading it writes nothing)."""
+        return self._db.versions()
+
+    def diff(self, a: int | str, b: int | str | None = None):
+        """Documents added, removed and changed from version ``a`` to ``b`` (this view's
+        version by default)."""
+        return self._db.diff(a, self.version if b is None else b)
 
     def _refuse(self, *a, **k):
         raise OperationalError(f"version {self.version} is a read-only snapshot: write through "

@@ -170,6 +170,9 @@ def os_failure(exc: BaseException) -> bool:
         exc, Error) and bool(_ENOSPC_TEXT.search(str(exc))))
 
 
+_UNREAD = object()
+
+
 def os_message(exc: BaseException, path: Path, committed: bool | None) -> str:
     code = getattr(exc, "errno", None)
     if code in (errno.ENOSPC, errno.EDQUOT) or _ENOSPC_TEXT.search(str(exc)):
@@ -263,7 +266,7 @@ class Writer:
         handle's (None: the handle's)."""
         wait = self.timeout if timeout is None else timeout
         outer = self._enter(wait)
-        head = None
+        head: Any = _UNREAD  # HEAD when the hold began (not read: nothing was committed)
         try:
             if outer:
                 self._file.acquire(max(0.0, wait))
@@ -276,9 +279,10 @@ class Writer:
                 with suppress(Exception):  # remove what the failed change left, now
                     recover(self.env, self.root)
             if os_failure(exc):
-                moved = None
-                with suppress(Exception):
-                    moved = self.head_id() != head
+                moved: bool | None = False if head is _UNREAD else None
+                if head is not _UNREAD:
+                    with suppress(Exception):
+                        moved = self.head_id() != head
                 raise OperationalError(os_message(exc, self.root, outer and moved)) from exc
             raise
         else:

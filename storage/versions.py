@@ -19,6 +19,7 @@ from __future__ import annotations
 import numbers
 import re
 import time
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence, Union
 
@@ -119,11 +120,16 @@ _NUMBER = re.compile(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*")
 
 
 def check_tag_name(name: object) -> None:
-    """A tag name is a non-empty str, not a number, not HEAD, at most 400 bytes of UTF-8."""
+    """A tag name is a non-empty str, not a number, not HEAD, without white space at its
+    ends or control characters (``"v1 "`` would be a second tag that looks like ``"v1"``),
+    at most 400 bytes of UTF-8."""
     if not isinstance(name, str) or not name or name.isdigit() or name.upper() == "HEAD" \
             or _NUMBER.fullmatch(name):
         raise ProgrammingError(f"invalid tag name {name!r}: use a non-empty name that is not "
                                "a number and not HEAD")
+    if name != name.strip() or any(unicodedata.category(c) == "Cc" for c in name):
+        raise ProgrammingError(f"invalid tag name {name!r}: a tag name has no white space at "
+                               "its ends and no control characters (tabs, line breaks, NUL)")
     try:
         size = len(name.encode())
     except UnicodeEncodeError:

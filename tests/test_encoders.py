@@ -4,6 +4,7 @@ corpus (nothing is downloaded); the models are tiny and randomly initialised."""
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -306,3 +307,42 @@ def test_a_changed_tokenizer_is_refused(tmp_path, tiny_encoder):
         assert db.count() == 1
     with pytest.raises(npmdb.ProgrammingError, match="another tokenizer"):
         npmdb.open(tmp_path / "db", encoder=enc)
+
+
+def test_an_encoder_directory_without_a_tokenizer_is_refused(tmp_path, tiny_encoder):
+    """transformers builds an empty tokenizer from weights alone, which would store every
+    word as one id: npmdb refuses the directory before anything is written."""
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(tiny_encoder / name, bare / name)
+    with pytest.raises(npmdb.OperationalError, match="has no tokenizer"):
+        npmdb.open(tmp_path / "db", encoder=bare, progress=False)
+    assert not (tmp_path / "db" / "data.mdb").exists()
+
+
+def test_a_checkpoint_gets_the_tokenizer_of_the_encoder_as_loaded(tmp_path, sample_corpus):
+    """A database whose recorded encoder path is gone (moved, or the database copied to
+    another machine) opens with the encoder's new place; a refreshed generation then takes
+    its tokenizer from there, and reads text into the same ids as generation 0."""
+    from transformers import AutoModel
+
+    from npmdb.encoder import TOKENIZER_FILES, VOCABULARY_FILES
+    from npmdb.encoders import TOKENIZER_FILES as COPIED
+
+    assert COPIED == TOKENIZER_FILES and set(VOCABULARY_FILES) <= set(TOKENIZER_FILES)
+    home = make_tiny_encoder(tmp_path / "a" / "enc", seed=5)
+    with npmdb.open(tmp_path / "db", encoder=home, progress=False) as db:
+        db.add(sample_corpus[:40])
+    moved = tmp_path / "b" / "enc"
+    moved.parent.mkdir()
+    shutil.move(str(home), moved)
+    text = "Thessaloniki is a city in Greece."
+    with npmdb.open(tmp_path / "db", encoder=moved, progress=False) as db:
+        want = db.encoder_for(0).tokenize(text).ids.tolist()
+        _, gen = db.write_generation(AutoModel.from_pretrained(moved), steps=1)
+        ckpt = tmp_path / "db" / "encoders" / f"g{gen}"
+        assert (ckpt / "vocab.txt").exists() and (ckpt / "tokenizer.json").exists()
+        assert db.encoder_for(gen).tokenize(text).ids.tolist() == want
+        assert len(set(want)) > 3  # real word pieces, not one unknown id
+        assert db.check().ok

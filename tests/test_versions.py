@@ -555,3 +555,97 @@ def test_a_checkout_view_reads_its_version(tmp_path, tiny_encoder):
         assert view.sql("SELECT phrase FROM MASKED(?) AS OF 'first'", [q]).version == 1
         with pytest.raises(npmdb.ProgrammingError, match="this view is of version 1"):
             view.sql("SELECT phrase FROM MASKED(?) AS OF 2", [q])
+
+
+# ---------------------------------------------------------------- write_generation's inputs
+
+@pytest.fixture()
+def small_db(tmp_path, tiny_encoder, sample_corpus):
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:
+        db.add(sample_corpus[:30])
+        yield db
+
+
+def _bert(hidden=32, vocab=30522, positions=512):
+    import torch
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    return BertModel(BertConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=1,
+                                num_attention_heads=2, intermediate_size=hidden,
+                                max_position_embeddings=positions))
+
+
+@pytest.mark.parametrize("kw, error, message", [
+    ({"model": None}, npmdb.ProgrammingError, "takes a transformers model"),
+    ({"model": "wrong-width"}, npmdb.ProgrammingError, "hidden size is 64 and the database's "
+                                                       "vectors are 32 wide"),
+    ({"model": "small-vocabulary"}, npmdb.ProgrammingError, "vocabulary holds 1000 tokens"),
+    ({"model": "few-positions"}, npmdb.ProgrammingError, "takes 64 positions"),
+    ({"steps": "x"}, npmdb.ProgrammingError, "steps"),
+    ({"steps": -1}, npmdb.ProgrammingError, "steps"),
+    ({"info": 5}, npmdb.ProgrammingError, "info must be a dict"),
+    ({"info": {"a": {1, 2}}}, npmdb.ProgrammingError, "info cannot be stored"),
+    ({"tag": ""}, npmdb.ProgrammingError, "invalid tag name"),
+    ({"tag": "7"}, npmdb.ProgrammingError, "invalid tag name"),
+    ({"tag": "first"}, npmdb.IntegrityError, "tag 'first' already names version 1"),
+])
+def test_write_generation_refuses_bad_input_before_any_work(small_db, kw, error, message):
+    """A model that does not fit the database (it used to commit vectors of another width,
+    breaking every query at HEAD while check() said ok) and bad arguments are refused before
+    anything is encoded; nothing is written."""
+    small_db.tag("first")
+    models = {"wrong-width": _bert(hidden=64), "small-vocabulary": _bert(vocab=1000),
+              "few-positions": _bert(positions=64)}
+    kw = dict(kw)
+    model = kw.pop("model", "ok")
+    model = models.get(model, _bert() if model == "ok" else model)
+    before = small_db.versions()
+    with pytest.raises(error, match=message):
+        small_db.write_generation(model, **kw)
+    assert small_db.versions() == before
+    assert not (small_db.path / "encoders" / "g1").exists()
+    assert small_db.check().ok
+
+
+def test_write_generation_moves_a_tag_only_when_asked(small_db):
+    small_db.tag("release")
+    vid, _ = small_db.write_generation(_bert(), tag="release", move=True)
+    assert small_db.checkout("release").version == vid
+    assert small_db.check().ok
+
+
+@pytest.mark.parametrize("name", ["HEAD ", " v1", "v1 ", "\t", "a\nb", "a\x00b"])
+def test_tag_names_with_edge_white_space_or_control_characters_are_refused(small_db, name):
+    with pytest.raises(npmdb.ProgrammingError, match="invalid tag name"):
+        small_db.tag(name)
+    assert small_db.sql("SHOW TAGS").rows == ()
+
+
+def test_a_view_reads_as_its_database_does(small_db, sample_corpus):
+    first = small_db.version
+    small_db.add(sample_corpus[30:35])
+    view = small_db.checkout(first)
+    doc = sample_corpus[0]["id"]
+    assert view.get(doc, version=first) == small_db.get(doc, version=first)
+    assert view.count(first) == len(view) == 30
+    assert len(list(view.documents(version=first))) == 30
+    with pytest.raises(npmdb.ProgrammingError, match="this view is of version"):
+        view.count(small_db.version)
+    assert view.versions() == small_db.versions()
+    assert len(view.diff(small_db.version).removed) == 5  # from HEAD back to the view
+
+
+def test_an_empty_database_reads_as_empty(tmp_path, tiny_encoder):
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False) as db:
+        assert db.get("x") is None and list(db.documents()) == [] and len(db) == 0
+
+
+def test_an_os_error_before_the_change_says_nothing_was_committed(small_db):
+    """A leftover that recovery cannot remove fails the next change before it starts: the
+    message must not claim a commit."""
+    (small_db.path / "encoders").write_text("not a directory")
+    before = small_db.versions()
+    with pytest.raises(npmdb.OperationalError, match="the change was not committed"):
+        small_db.add(["Another document."])
+    assert small_db.versions() == before
