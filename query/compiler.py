@@ -10,29 +10,20 @@ executor (:func:`npmdb.query.executor.execute`) over a context the caller opens.
 document terms become a :class:`~npmdb.query.spec.DocFilter` that the snapshot applies
 during retrieval.
 
-Expressions are compiled to closures over a row (a dict keyed by canonical column:
-``phrase``, ``score``, ``doc.id``, ``doc.meta`` ...). SQL semantics: NULL propagates
-through comparisons and arithmetic, AND/OR/NOT are three-valued, WHERE keeps rows whose
-condition is TRUE; ``=`` on text is exact, ``LIKE`` is case-insensitive (``%`` any run,
-``_`` one character, matched without backtracking); ``length(text)`` counts words;
-comparing text with a number is a ProgrammingError (``=`` is simply false).
+Expressions (WHERE, ORDER BY keys, select items) are compiled to functions of a row by
+:mod:`npmdb.query.evaluate`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import decimal
-import math
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any, Callable
-
-from npmdb.errors import ProgrammingError, QueryDataError
 
 from . import ast as A
 from . import logical as L
-from .lexer import MAX_INTEGER, error_at
 from .context import OpenContext
+from .evaluate import Row, compile_condition, compile_expr
 from .executor import execute
 from .operators import Answers, BM25Blocks, Operator
 from .plan import Plan
@@ -44,354 +35,10 @@ from .rows import (
 from .spec import ClassifySpec, DocFilter, MaskedSpec
 from .text import split_mask
 
-__all__ = ["Compiled", "compile_plan", "compile_expr", "like", "show", "format_explain"]
-
-Row = dict
+__all__ = ["Compiled", "compile_plan", "show", "format_explain"]
 
 
 # ================================================================ expressions
-
-def _getter(parts: tuple[str, ...]) -> Callable[[Row], Any]:
-    if parts[0] == "doc":
-        key, rest = "doc." + parts[1], parts[2:]
-    else:
-        key, rest = parts[0], parts[1:]
-    if not rest:
-        return lambda r: r.get(key)
-
-    def get(r: Row) -> Any:
-        v = r.get(key)
-        for p in rest:
-            v = v.get(p) if isinstance(v, dict) else None
-        return v
-    return get
-
-
-def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float))  # bool is an int: TRUE = 1
-
-
-def _kind(v: Any) -> str:
-    if isinstance(v, bool):
-        return "boolean"
-    if _is_num(v):
-        return "number"
-    if isinstance(v, str):
-        return "text"
-    return type(v).__name__
-
-
-@lru_cache(maxsize=256)
-def like(pattern: str) -> Callable[[str], bool]:
-    """A case-insensitive SQL LIKE matcher for ``pattern`` (``%``: any run, ``_``: one
-    character); linear-time per segment, no regular expressions, no backtracking blowup."""
-    p = pattern.lower()
-    parts = p.split("%")
-
-    def at(s: str, i: int, part: str) -> bool:
-        if i < 0 or i + len(part) > len(s):
-            return False
-        if "_" not in part:
-            return s.startswith(part, i)
-        return all(c == "_" or c == s[i + k] for k, c in enumerate(part))
-
-    def find(s: str, start: int, stop: int, part: str) -> int:
-        if "_" not in part:
-            j = s.find(part, start, stop)
-            return j
-        for i in range(start, stop - len(part) + 1):
-            if at(s, i, part):
-                return i
-        return -1
-
-    def match(s: str) -> bool:
-        s = s.lower()
-        if len(parts) == 1:
-            return len(s) == len(p) and at(s, 0, p)
-        first, last = parts[0], parts[-1]
-        end = len(s) - len(last)
-        if end < len(first) or not at(s, 0, first) or not at(s, end, last):
-            return False
-        i = len(first)
-        for part in parts[1:-1]:
-            if not part:
-                continue
-            j = find(s, i, end, part)
-            if j < 0:
-                return False
-            i = j + len(part)
-        return True
-    return match
-
-
-class _ExprCompiler:
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    def fail(self, node: Any, message: str) -> ProgrammingError:
-        """The statement itself is wrong (whatever the rows hold)."""
-        return error_at(self.text, getattr(node, "pos", None) or 0, message)
-
-    def bad(self, node: Any, message: str) -> QueryDataError:
-        """A row's value cannot be used here (:func:`_in_row` adds which row)."""
-        return error_at(self.text, getattr(node, "pos", None) or 0, message,
-                        cls=QueryDataError)
-
-    def checked(self, v: Any, node: Any) -> Any:
-        """A computed number within the literals' range: a 64-bit integer, a finite float."""
-        if isinstance(v, float) and not math.isfinite(v):
-            raise self.bad(node, f"number out of range from {expr_to_sql(node):.80}")
-        if isinstance(v, int) and not -MAX_INTEGER - 1 <= v <= MAX_INTEGER:
-            raise self.bad(node, f"integer out of range (must fit in 64 bits) from "
-                                 f"{expr_to_sql(node):.80}")
-        return v
-
-    def truth(self, v: Any, node: Any) -> bool | None:
-        if v is None or isinstance(v, bool):
-            return v
-        raise self.bad(node, f"expected a condition (TRUE, FALSE or NULL), got {_kind(v)} "
-                              f"{v!r:.60} from {expr_to_sql(node):.80}")
-
-    def compile(self, e: A.Expr) -> Callable[[Row], Any]:
-        m = getattr(self, "c_" + type(e).__name__, None)
-        if m is None:
-            raise self.fail(e, f"cannot evaluate {type(e).__name__}")
-        return m(e)
-
-    def condition(self, e: A.Expr) -> Callable[[Row], bool]:
-        """A predicate: True only where ``e`` is TRUE (NULL and FALSE drop the row)."""
-        f = self.compile(e)
-        return lambda r: self.truth(f(r), e) is True
-
-    # ------------------------------------------------------------ leaves
-
-    def c_Literal(self, e: A.Literal) -> Callable[[Row], Any]:
-        v = e.value
-        return lambda r: v
-
-    def c_Name(self, e: A.Name) -> Callable[[Row], Any]:
-        return _getter(e.parts)
-
-    def c_Param(self, e: A.Param) -> Callable[[Row], Any]:  # pragma: no cover - bound before
-        raise self.fail(e, "unbound parameter")
-
-    def c_Star(self, e: A.Star) -> Callable[[Row], Any]:
-        raise self.fail(e, "'*' is not a value")
-
-    # ------------------------------------------------------------ operators
-
-    def c_UnaryOp(self, e: A.UnaryOp) -> Callable[[Row], Any]:
-        f = self.compile(e.operand)
-        if e.op == "NOT":
-            def not_(r: Row) -> Any:
-                v = self.truth(f(r), e.operand)
-                return None if v is None else not v
-            return not_
-
-        def neg(r: Row) -> Any:
-            v = f(r)
-            if v is None:
-                return None
-            if not _is_num(v):
-                raise self.bad(e, f"'-' needs a number, got {_kind(v)} {v!r:.60}")
-            return self.checked(-v, e)
-        return neg
-
-    def c_BoolOp(self, e: A.BoolOp) -> Callable[[Row], Any]:
-        fs = [(self.compile(o), o) for o in e.operands]
-        stop = e.op == "OR"  # OR stops at TRUE, AND at FALSE
-
-        def boolop(r: Row) -> Any:
-            unknown = False
-            for f, o in fs:
-                v = self.truth(f(r), o)
-                if v is None:
-                    unknown = True
-                elif v is stop:
-                    return stop
-            return None if unknown else not stop
-        return boolop
-
-    def compare(self, op: str, a: Any, b: Any, node: Any) -> bool | None:
-        if a is None or b is None:
-            return None
-        if op in ("=", "!="):
-            same = (_is_num(a) and _is_num(b)) or type(a) is type(b) or (
-                isinstance(a, str) and isinstance(b, str))
-            eq = same and a == b
-            return eq if op == "=" else not eq
-        if not ((_is_num(a) and _is_num(b)) or (isinstance(a, str) and isinstance(b, str))):
-            raise self.bad(node, f"cannot compare {_kind(a)} with {_kind(b)}: "
-                                 f"{a!r:.40} {op} {b!r:.40}; a field that holds values of "
-                                 "different types needs one type (db.update), or a test "
-                                 "of each")
-        if op == "<":
-            return a < b
-        if op == "<=":
-            return a <= b
-        if op == ">":
-            return a > b
-        return a >= b
-
-    def c_BinaryOp(self, e: A.BinaryOp) -> Callable[[Row], Any]:
-        fa, fb = self.compile(e.left), self.compile(e.right)
-        op = e.op
-        if op in A.COMPARISON_OPS:
-            return lambda r: self.compare(op, fa(r), fb(r), e)
-
-        def arith(r: Row) -> Any:
-            a, b = fa(r), fb(r)
-            if a is None or b is None:
-                return None
-            if not (_is_num(a) and _is_num(b)):
-                raise self.bad(e, f"{op} needs numbers, got {_kind(a)} and {_kind(b)}")
-            if op == "/" and b == 0:
-                return None  # division by zero is NULL, as in SQLite
-            try:
-                v = a + b if op == "+" else a - b if op == "-" else a * b if op == "*" \
-                    else a / b
-            except OverflowError:
-                raise self.bad(e, f"number out of range from {expr_to_sql(e):.80}") from None
-            return self.checked(v, e)
-        return arith
-
-    def c_Like(self, e: A.Like) -> Callable[[Row], Any]:
-        fv, fp = self.compile(e.expr), self.compile(e.pattern)
-        neg = e.negated
-
-        def like_(r: Row) -> Any:
-            v, p = fv(r), fp(r)
-            if v is None or p is None:
-                return None
-            if not isinstance(p, str):
-                raise self.bad(e.pattern, f"LIKE needs a text pattern, got {_kind(p)}")
-            if _is_num(v):
-                v = str(v)
-            if not isinstance(v, str):
-                raise self.bad(e.expr, f"LIKE needs text, got {_kind(v)}")
-            return like(p)(v) != neg
-        return like_
-
-    def c_InList(self, e: A.InList) -> Callable[[Row], Any]:
-        fv = self.compile(e.expr)
-        items = [self.compile(i) for i in e.items]
-        neg = e.negated
-
-        def in_(r: Row) -> Any:
-            v = fv(r)
-            if v is None:
-                return None
-            unknown = False
-            for f in items:
-                eq = self.compare("=", v, f(r), e)
-                if eq is None:
-                    unknown = True
-                elif eq:
-                    return not neg
-            return None if unknown else neg
-        return in_
-
-    def c_Between(self, e: A.Between) -> Callable[[Row], Any]:
-        fv, lo, hi = self.compile(e.expr), self.compile(e.low), self.compile(e.high)
-        neg = e.negated
-
-        def between(r: Row) -> Any:
-            v = fv(r)
-            a, b = self.compare(">=", v, lo(r), e), self.compare("<=", v, hi(r), e)
-            if a is False or b is False:
-                return neg
-            if a is None or b is None:
-                return None
-            return not neg
-        return between
-
-    def c_IsNull(self, e: A.IsNull) -> Callable[[Row], Any]:
-        f = self.compile(e.expr)
-        neg = e.negated
-        return lambda r: (f(r) is None) != neg
-
-    # ------------------------------------------------------------ functions
-
-    def c_Call(self, e: A.Call) -> Callable[[Row], Any]:
-        args = [self.compile(a) for a in e.args]
-        impl = getattr(self, "f_" + e.name, None)
-        if impl is None:
-            raise self.fail(e, f"unknown function {e.name}()")
-        return lambda r: impl(e, [a(r) for a in args])
-
-    def _text(self, e: A.Call, v: Any) -> str:
-        if not isinstance(v, str):
-            raise self.bad(e, f"{e.name}() takes text, got {_kind(v)} {v!r:.40}")
-        return v
-
-    def _num(self, e: A.Call, v: Any) -> Any:
-        if not _is_num(v):
-            raise self.bad(e, f"{e.name}() takes a number, got {_kind(v)} {v!r:.40}")
-        return v
-
-    def f_length(self, e: A.Call, a: list) -> Any:
-        return None if a[0] is None else len(self._text(e, a[0]).split())
-
-    def f_lower(self, e: A.Call, a: list) -> Any:
-        return None if a[0] is None else self._text(e, a[0]).lower()
-
-    def f_upper(self, e: A.Call, a: list) -> Any:
-        return None if a[0] is None else self._text(e, a[0]).upper()
-
-    def f_abs(self, e: A.Call, a: list) -> Any:
-        return None if a[0] is None else self.checked(abs(self._num(e, a[0])), e)
-
-    def f_round(self, e: A.Call, a: list) -> Any:
-        if any(v is None for v in a):
-            return None
-        x = self._num(e, a[0])
-        n = a[1] if len(a) > 1 else 0
-        if not isinstance(n, int) or isinstance(n, bool):
-            raise self.bad(e, f"round() takes an integer number of digits, got {n!r:.40}")
-        return self.checked(round_half_away(x, max(-400, min(400, n))), e)
-
-    def f_coalesce(self, e: A.Call, a: list) -> Any:
-        return next((v for v in a if v is not None), None)
-
-
-def round_half_away(x: int | float, n: int) -> int | float:
-    """``x`` rounded to ``n`` decimal digits, halves away from zero (SQL's ``round``, not
-    Python's halves to even), from the number as it prints: ``round(2.675, 2)`` is 2.68. An
-    integer stays an integer."""
-    with decimal.localcontext() as ctx:
-        ctx.prec, ctx.Emax, ctx.Emin = 1000, 10_000, -10_000
-        d = decimal.Decimal(repr(x) if isinstance(x, float) else int(x))
-        if not d.is_finite():
-            return x
-        r = d.quantize(decimal.Decimal(1).scaleb(-n), rounding=decimal.ROUND_HALF_UP)
-    return float(r) if isinstance(x, float) else int(r)
-
-
-def _in_row(f: Callable[[Row], Any]) -> Callable[[Row], Any]:
-    """``f`` whose data errors say which row held the value: its document, or its answer."""
-    def run(r: Row) -> Any:
-        try:
-            return f(r)
-        except QueryDataError as exc:
-            if "doc.id" in r:
-                where = f"document {r['doc.id']!r}"
-            elif "phrase" in r:
-                where = f"answer {r['phrase']!r}"
-            else:
-                raise
-            raise QueryDataError(f"{exc.short_message} (in {where})", text=exc.text,
-                                 line=exc.line, column=exc.column) from None
-    return run
-
-
-def compile_expr(e: A.Expr, text: str = "") -> Callable[[Row], Any]:
-    """A function of a row computing ``e`` (names in canonical form, see :mod:`.logical`)."""
-    return _in_row(_ExprCompiler(text).compile(e))
-
-
-def _condition(e: A.Expr, text: str) -> Callable[[Row], bool]:
-    return _in_row(_ExprCompiler(text).condition(e))
-
 
 def _describe(e: A.Expr) -> str:
     return expr_to_sql(e)
@@ -399,7 +46,7 @@ def _describe(e: A.Expr) -> str:
 
 def _doc_filter(e: A.Expr, text: str) -> DocFilter:
     def make():
-        pred = _condition(e, text)
+        pred = compile_condition(e, text)
         return lambda d: pred(_doc_row(d))
     return DocFilter.shared(_describe(e), make, statement=text)
 
@@ -515,7 +162,7 @@ def _row_ops(nodes: list[L.Node], text: str) -> list[Operator]:
     ops: list[Operator] = []
     for n in reversed(nodes):
         if isinstance(n, L.Filter) and n.level == "row":
-            ops.append(FilterRows(_describe(n.condition), _condition(n.condition, text)))
+            ops.append(FilterRows(_describe(n.condition), compile_condition(n.condition, text)))
         elif isinstance(n, L.Order) and n.level == "row":
             ops.append(OrderRows(tuple((_describe(k.expr), compile_expr(k.expr, text), k.descending)
                                        for k in n.keys)))
@@ -574,7 +221,7 @@ def _compile_answers(plan, nodes, columns, fns, doc_filter, text) -> Compiled:
         elif isinstance(n, L.Classify):
             labels, kw["tau"], kw["calibrate"] = n.labels, n.tau, n.calibrate
         elif isinstance(n, L.Filter) and n.level == "answer":
-            pred = _condition(n.condition, text)
+            pred = compile_condition(n.condition, text)
             plan_args["answer_filter"] = (_describe(n.condition), lambda g: pred(_answer_row(g)))
         elif isinstance(n, L.Top):
             plan_args["order"] = _answer_order(n.keys)

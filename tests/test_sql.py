@@ -29,7 +29,7 @@ from npmdb.boundaries import fold
 from npmdb.errors import Error, NotSupportedError, ProgrammingError, QueryParseError
 from npmdb.query import ast as A
 from npmdb.query import logical as L
-from npmdb.query.compiler import like
+from npmdb.query.evaluate import like
 from npmdb.query.rules import optimize
 from npmdb.query.sql import bind, prepare
 from npmdb.query.parser import parse
