@@ -50,7 +50,8 @@ def _compact_bytes(path: Path) -> int:
 
 def _recall(db, rows: list[dict], k: int) -> float:
     """Mean over queries and sides of |ANN candidates ∩ exact candidates| / k."""
-    from npmdb.query.operators import DenseTopK, EncodeQuery, ExactTopK, ExecState
+    from npmdb.query.operators import DenseTopK, EncodeQuery, ExactTopK
+    from npmdb.query.physical import ExecState
 
     out = []
     with db.snapshot() as snap:

@@ -38,7 +38,8 @@ def _params(setting: str):
 
 def measure(db_path: Path, settings: list[str], rows: list[dict], k: int, log=print) -> dict:
     import npmdb
-    from npmdb.query.operators import DenseTopK, EncodeQuery, ExactTopK, ExecState
+    from npmdb.query.operators import DenseTopK, EncodeQuery, ExactTopK
+    from npmdb.query.physical import ExecState
 
     exact: dict[tuple[int, str], set] = {}
     out: dict = {"db": str(db_path), "settings": []}

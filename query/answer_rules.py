@@ -17,7 +17,7 @@ import numpy as np
 
 from . import scoring as S
 from .names import name_fragment
-from .operators import Answers, ExecState, Group, Occurrences, Operator
+from .physical import Answers, ExecState, Group, Occurrences, Operator
 from .subjects import SubjectNames
 from .surfaces import locate
 

@@ -3,9 +3,9 @@ closed-set labels. The answer-level tail (filter, order, limit, evidence) is
 :mod:`npmdb.query.tail`.
 
 Typed outputs flow up the plan: the retrieval operators (:mod:`npmdb.query.operators`)
-hand these :class:`~npmdb.query.operators.Candidates`; assembly and scoring produce
-:class:`~npmdb.query.operators.Occurrences`; grouping produces
-:class:`~npmdb.query.operators.Answers` (the groups and the occurrences they index).
+hand these :class:`~npmdb.query.physical.Candidates`; assembly and scoring produce
+:class:`~npmdb.query.physical.Occurrences`; grouping produces
+:class:`~npmdb.query.physical.Answers` (the groups and the occurrences they index).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 
 from . import scoring as S
 from .calibration import calibrated_scores
-from .operators import (
+from .physical import (
     Answers, BlockHits, Candidates, ExecState, Group, Occurrences, Operator, _empty, _fmt,
 )
 from .surfaces import (  # re-exported: the answer stages' view of occurrences

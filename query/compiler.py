@@ -25,7 +25,8 @@ from . import logical as L
 from .context import OpenContext
 from .evaluate import Row, compile_condition, compile_expr
 from .executor import execute
-from .operators import Answers, BM25Blocks, Operator
+from .operators import BM25Blocks
+from .physical import Answers, Operator
 from .plan import Plan
 from .planner import classify_prior, plan_classify, plan_masked
 from .printer import expr_to_sql

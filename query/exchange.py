@@ -46,9 +46,10 @@ from .answers import (
     scores_from_sims, span_sims, token_sims, widen_to_words,
 )
 from .operators import (
-    BlockHits, BM25Blocks, Candidates, DenseTopK, EncodeQuery, ExactTopK, ExecState,
-    Occurrences, Operator, QueryVectors, _empty, _fmt, _merge_topk, _split_found,
-    _top_candidates,
+    BM25Blocks, DenseTopK, EncodeQuery, ExactTopK, _merge_topk, _split_found, _top_candidates,
+)
+from .physical import (
+    BlockHits, Candidates, ExecState, Occurrences, Operator, QueryVectors, _empty, _fmt,
 )
 from .plan import Plan, StageStat
 from .rows import BlockRows, block_rows

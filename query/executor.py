@@ -8,7 +8,7 @@ context's snapshot and wraps what it produced as a :class:`~npmdb.query.result.R
 Running a plan: children first; sibling operators marked ``concurrent`` (the start and end
 ANN searches) run side by side after a serial ``prepare`` that does their reads through
 the snapshot's LMDB transaction (one thread at a time may use it). Every operator returns
-a typed output (:class:`~npmdb.query.operators.Output`), kept per operator for its parent
+a typed output (:class:`~npmdb.query.physical.Output`), kept per operator for its parent
 (``state.inputs``).
 Stages are recorded in serial order, with rows and milliseconds; a failure that is not an
 :class:`~npmdb.errors.Error` reads "operator 'x' failed".
@@ -24,7 +24,7 @@ from typing import Any
 from npmdb.errors import Error, InternalError, ProgrammingError
 
 from .context import ExecContext
-from .operators import ExecState, Operator, Projection
+from .physical import ExecState, Operator, Projection
 from .plan import Plan, StageStat
 from .result import Answer, Result
 

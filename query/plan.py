@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .operators import ExecState, Operator
+from .physical import ExecState, Operator
 
 __all__ = ["Plan", "StageStat"]
 

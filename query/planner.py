@@ -15,7 +15,8 @@ from typing import Callable, Sequence
 from .answers import Aggregate, AssembleSpans, ClassifyLabels, ScoreSpans, ScoreTokens
 from .tail import AttachEvidence, FilterAnswers, Limit, OrderBy
 from .answer_rules import AnswerRules, FilterByOccurrence
-from .operators import BlockTokens, BM25Blocks, DenseTopK, EncodeQuery, ExactTopK, Operator
+from .operators import BlockTokens, BM25Blocks, DenseTopK, EncodeQuery, ExactTopK
+from .physical import Operator
 from . import calibration
 from .plan import Plan
 from .result import Result

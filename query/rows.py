@@ -1,7 +1,7 @@
 """Row-level physical operators: EVIDENCE, SEARCH and DOCUMENTS rows, their filters,
 order and limit, and the projection that every statement ends with.
 
-They share :class:`~npmdb.query.operators.ExecState` and the executor with the span
+They share :class:`~npmdb.query.physical.ExecState` and the executor with the span
 operators (:mod:`npmdb.query.operators`, :mod:`npmdb.query.answers`); a row is a dict
 keyed by canonical column.
 """
@@ -17,7 +17,7 @@ from npmdb.errors import DataError
 
 from .surfaces import locate, snippet
 from .tail import best_first
-from .operators import Answers, BlockHits, ExecState, Operator, Projection, Rows, _fmt
+from .physical import Answers, BlockHits, ExecState, Operator, Projection, Rows, _fmt
 
 __all__ = ["EvidenceRows", "BlockRows", "ScanDocuments", "FilterRows", "OrderRows", "LimitRows",
            "Project", "block_rows"]

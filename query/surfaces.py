@@ -15,7 +15,7 @@ import numpy as np
 from npmdb.storage.format import WORD_END, WORD_START
 
 from . import scoring as S
-from .operators import ExecState, Occurrences
+from .physical import ExecState, Occurrences
 from .text import fold, fold_view, snippet_bounds
 
 __all__ = ["Surfaces", "Located", "locate", "locate_in", "surfaces_of", "snippet", "surface",

@@ -3,7 +3,7 @@ attached to each answer.
 
 These run after :class:`~npmdb.query.answers.Aggregate` (or
 :class:`~npmdb.query.answers.ClassifyLabels`) and see only
-:class:`~npmdb.query.operators.Answers`: the groups and the occurrences they index.
+:class:`~npmdb.query.physical.Answers`: the groups and the occurrences they index.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 
 from . import scoring as S
-from .operators import Answers, ExecState, Group, Occurrences, Operator, _fmt
+from .physical import Answers, ExecState, Group, Occurrences, Operator, _fmt
 from .surfaces import locate, snippet
 
 __all__ = ["FilterAnswers", "OrderBy", "Limit", "AttachEvidence", "best_first"]

@@ -88,7 +88,8 @@ def _exact_top(seg, snap, q, bit, k):
 def test_recall_against_exact_and_exact_rescores(ivf_path):
     """Per segment and side: the index's candidates, re-ranked exactly from the stored
     vectors, find >= 0.9 of the exact top-k, and the scores the engine keeps are exact."""
-    from npmdb.query.operators import DenseTopK, EncodeQuery, ExecState
+    from npmdb.query.operators import DenseTopK, EncodeQuery
+    from npmdb.query.physical import ExecState
 
     with npmdb.open(ivf_path, readonly=True, progress=False) as db, db.snapshot() as snap:
         rng = np.random.default_rng(0)

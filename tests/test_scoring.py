@@ -13,7 +13,7 @@ import pytest
 
 from npmdb.query import scoring as S
 from npmdb.query.answers import _make_groups, scores_from_sims
-from npmdb.query.operators import Occurrences
+from npmdb.query.physical import Occurrences
 
 getcontext().prec = 40
 
@@ -113,7 +113,7 @@ def test_labels_whose_scores_overflow_rank_by_their_logs():
     """A label's score is ``sum(exp(logit))``; a small tau overflows it to inf for every
     label, which used to leave the first label listed on top."""
     from npmdb.query.tail import OrderBy, _sort_value
-    from npmdb.query.operators import Group
+    from npmdb.query.physical import Group
 
     groups = [Group("a", "a", float("inf"), log_score=800.0),
               Group("b", "b", float("inf"), log_score=900.0),

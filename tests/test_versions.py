@@ -362,7 +362,7 @@ def test_parallel_segment_search_equals_serial(tmp_path, tiny_encoder, sample_co
 def _old_snapshot_reader(path: str, ready, go, out) -> None:
     """Holds a snapshot from before a vacuum, then answers from it after the vacuum."""
     import npmdb as _npmdb
-    from npmdb.query.operators import ExecState
+    from npmdb.query.physical import ExecState
     from npmdb.query.planner import plan_masked
     from npmdb.query.spec import MaskedSpec
 
