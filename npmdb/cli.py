@@ -513,7 +513,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "flags below override. The shipped encoder's own recipe is "
                          "`make encoder` (python -m npmdb.train.recipe)")
     tr.add_argument("--steps", type=int, default=None, help="optimizer steps (required "
-                    "unless --preset sets them)")
+                    "unless --preset sets them; with --resume, the saved run's total)")
     tr.add_argument("--batch-blocks", type=int, default=None, help="blocks per batch (16)")
     tr.add_argument("--lr", type=float, default=None, help="peak learning rate (3e-5)")
     tr.add_argument("--objective", default="phrase", choices=("phrase", "token", "mixed"),

@@ -432,6 +432,136 @@ def test_cli_train(db_copy, capsys):
         assert db.versions()[-1]["tags"] == ["train-step-2"]
 
 
+def test_resume_without_steps_continues_to_the_saved_total(db_copy, capsys):
+    """`npmdb train DB --preset demo --max-seconds S` then `--preset demo --resume`: the
+    resumed run continues to the saved run's planned total (it used to say "steps is
+    required … (or preset='demo')" though the preset was given)."""
+    from npmdb.cli import main
+
+    path = db_copy.path
+    db_copy.close()
+    assert main(["train", str(path), "--preset", "demo", "--max-seconds", "0.1", "-q"]) == 0
+    first = load_train_state_at(path)
+    assert first["steps_total"] == 400 and 1 <= first["step"] < 400
+    capsys.readouterr()
+    assert main(["train", str(path), "--preset", "demo", "--resume", "--max-seconds", "0.1",
+                 "-q"]) == 0, capsys.readouterr().err
+    second = load_train_state_at(path)
+    assert second["steps_total"] == 400 and second["step"] > first["step"]
+    with npmdb.open(path, progress=False) as db:
+        from npmdb.train.state import load_checkpoint, resolve_config
+
+        args = dict(steps=None, batch_blocks=None, lr=None, group_size=None, warmup=None,
+                    weight_decay=None, max_grad_norm=None, mask_ratio=None, target_grad=None,
+                    freeze_embeddings=None, exclude_repeats=None, context_negatives=None,
+                    refresh_every=None, objective="phrase", seed=0, grouping="neighbours",
+                    clean_edges=True, max_span_len=10, grad_cache=False, chunk_tokens=4096,
+                    loss_chunk=None, threads=None, tag_prefix="train-step-", log_every=0)
+        cfg = resolve_config(args, preset=None, saved=load_checkpoint(db))  # no preset either
+        assert (cfg.steps, cfg.start_step, cfg.batch_blocks) == (400, second["step"], 32)
+        # a saved state without its total (written by hand): say what to pass, not the preset
+        mp = path / STATE_DIR / "state.msgpack"
+        meta = msgpack.unpackb(mp.read_bytes(), raw=False)
+        del meta["steps_total"]
+        mp.write_bytes(msgpack.packb(meta))
+        with pytest.raises(ProgrammingError, match=r"records no total.*pass steps=N \(N > "):
+            npmdb.train(db, resume=True, progress=False)
+
+
+def load_train_state_at(path: Path) -> dict:
+    with npmdb.open(path, progress=False) as db:
+        return load_train_state(db, tensors=False)[0]
+
+
+def test_damaged_training_state_is_an_operational_error(db_copy, capsys):
+    """A truncated or overwritten state file is an OperationalError naming the file and
+    saying to train without resume (it was SafetensorError, ValueError, msgpack's
+    FormatError or AttributeError, and a traceback from the CLI); training without resume
+    then replaces the state."""
+    from npmdb.cli import main
+
+    db = db_copy
+    npmdb.train(db, steps=2, batch_blocks=4, progress=False)
+    st, mp = db.path / STATE_DIR / "state.safetensors", db.path / STATE_DIR / "state.msgpack"
+    good_st, good_mp = st.read_bytes(), mp.read_bytes()
+    meta = msgpack.unpackb(good_mp, raw=False)
+    damages = [
+        (st, good_st[:1000]), (st, good_st[:-8]), (st, b""),
+        (mp, good_mp[:20]), (mp, b"\xc1garbage"), (mp, msgpack.packb([1, 2])),
+        (mp, msgpack.packb({**meta, "hyper": None})),
+        (mp, msgpack.packb({**meta, "step": "two"})),
+        (mp, msgpack.packb({k: v for k, v in meta.items() if k != "sampler"})),
+    ]
+    versions = db.versions()
+    for f, data in damages:
+        f.write_bytes(data)
+        with pytest.raises(OperationalError,
+                           match=rf"training state in .* is damaged: {f.name} .*train again "
+                                 "without resume"):
+            npmdb.train(db, steps=3, resume=True, progress=False)
+        st.write_bytes(good_st)
+        mp.write_bytes(good_mp)
+    assert db.versions() == versions
+    mp.write_bytes(good_mp[:20])
+    path = str(db.path)
+    db.close()
+    assert main(["train", path, "--steps", "3", "--resume", "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "state.msgpack" in err and "without resume" in err and "Traceback" not in err
+    with npmdb.open(path, progress=False) as db:
+        npmdb.train(db, steps=1, batch_blocks=4, progress=False)  # not resumed: replaces it
+        assert load_train_state(db)[0]["step"] == 1
+
+
+def test_state_dir_that_cannot_be_written(db_copy):
+    """``<db>/train`` that cannot hold the state (a file in its place): refused before the
+    first step, nothing committed (it used to train, commit the refresh, then report that
+    "refreshing the embeddings failed"). If saving fails after a refresh committed anyway,
+    the message says the version was committed and that saving the state failed."""
+    db = db_copy
+    versions, steps = db.versions(), []
+    (db.path / STATE_DIR).write_text("not a directory")
+    with pytest.raises(OperationalError, match=r"training state could not be saved in .*"
+                                               r"train .*Nothing was trained or committed"):
+        npmdb.train(db, steps=2, batch_blocks=4, progress=False,
+                    callback=lambda d: steps.append(d["step"]))
+    assert steps == [] and db.versions() == versions
+    (db.path / STATE_DIR).unlink()
+
+    def block_the_state_dir(d):  # the state dir cannot be made once training has begun
+        if d["step"] == 1:
+            (db.path / STATE_DIR).write_text("in the way")
+
+    with pytest.raises(OperationalError) as err:
+        npmdb.train(db, steps=2, batch_blocks=4, progress=False, callback=block_the_state_dir)
+    head = db.versions()[-1]
+    assert head["head"] and head["tags"] == ["train-step-2"] and head["id"] > versions[-1]["id"]
+    msg = str(err.value)
+    assert f"the refresh committed version {head['id']} (embedding generation " \
+           f"{head['generation']}, step 2)" in msg
+    assert "saving the training state" in msg and "refreshing the embeddings failed" not in msg
+
+
+def test_resume_after_the_saved_generation_was_vacuumed(db_copy):
+    """restore + untag + vacuum dropped the saved run's generation: resume says so and says
+    to train without resume (in this process it used to resume from the cached encoder
+    of a deleted checkpoint; a new process got "generation 1 is not recorded")."""
+    db = db_copy
+    before = db.version
+    npmdb.train(db, steps=1, batch_blocks=4, progress=False)
+    db.restore(before)
+    db.untag("train-step-1")
+    db.vacuum()
+    match = r"generation 1 \(step 1\) is no longer in the database.*vacuum.*without resume"
+    with pytest.raises(OperationalError, match=match):
+        npmdb.train(db, steps=2, resume=True, progress=False)
+    path = db.path
+    db.close()
+    with npmdb.open(path, progress=False) as again:
+        with pytest.raises(OperationalError, match=match):
+            npmdb.train(again, steps=2, resume=True, progress=False)
+
+
 # --------------------------------------------------------------------------- arguments
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -458,6 +588,12 @@ def test_cli_train(db_copy, capsys):
     ({"steps": 2, "target_grad": 1}, "target_grad must be True or False"),
     ({"steps": 2, "clean_edges": None}, "clean_edges must be True or False"),
     ({"steps": 2, "grad_cache": "no"}, "grad_cache must be True or False"),
+    ({"steps": 2, "progress": "no"}, "progress must be True or False"),
+    ({"steps": 2, "progress": 1}, "progress must be True or False"),
+    # a warm-up longer than the run: the learning rate would never reach its peak
+    ({"steps": 2, "warmup": 5000}, "warmup=5000 steps is more than steps=2.*never reach"),
+    # the preset given has no steps: say so, not "or preset=..." for a preset given
+    ({"preset": "default"}, "preset 'default' sets no number of steps"),
     ({"steps": 2, "callback": 5}, "callback must be a function"),
     # checked before the first step, not when the last version is written
     ({"steps": 20, "tag_prefix": "0"}, "invalid tag name '020'"),
@@ -467,7 +603,7 @@ def test_cli_train(db_copy, capsys):
 ])
 def test_bad_arguments(tiny_db, kwargs, match):
     with pytest.raises(ProgrammingError, match=match):
-        npmdb.train(tiny_db, progress=False, **kwargs)
+        npmdb.train(tiny_db, **{"progress": False, **kwargs})
 
 
 def test_refused_before_any_step(tmp_path, tiny_encoder):

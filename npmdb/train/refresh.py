@@ -12,7 +12,9 @@ its version and generation.
 At most one refresh runs and at most one waits: if a newer copy arrives while one is
 waiting, the newer replaces it (a refresh of stale parameters is no use once fresher ones
 exist). Work is committed in submission order, so the last submission becomes HEAD.
-An exception in the thread is kept and re-raised by :meth:`check` / :meth:`close`.
+An exception in the thread is kept and re-raised by :meth:`check` / :meth:`close`; one
+raised by a job's ``after`` hook (the trainer saves its state there) comes after the
+commit, so the version stands and is listed in ``done``, and the message says so.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from npmdb.errors import OperationalError
 if TYPE_CHECKING:  # pragma: no cover
     from npmdb.database import Database
 
-__all__ = ["Refresher", "RefreshJob", "RefreshDone"]
+__all__ = ["Refresher", "RefreshJob", "RefreshDone", "AfterCommitError"]
 
 
 @dataclasses.dataclass
@@ -41,6 +43,8 @@ class RefreshJob:
     info: dict | None = None
     # called in the refresh thread after the commit: after(version, generation)
     after: Callable[[int, int], None] | None = None
+    # what ``after`` does, for the message when it fails (the version stays committed)
+    after_what: str = "the step after the commit"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +54,14 @@ class RefreshDone:
     generation: int
     tag: str | None
     seconds: float
+
+
+class AfterCommitError(Exception):
+    """A refresh committed ``done`` and then its job's ``after`` hook failed with ``error``."""
+
+    def __init__(self, done: RefreshDone, what: str, error: BaseException) -> None:
+        super().__init__(f"{what} failed: {error}")
+        self.done, self.what, self.error = done, what, error
 
 
 class Refresher:
@@ -94,9 +106,16 @@ class Refresher:
             return self._running is not None or self._pending is not None
 
     def check(self) -> None:
-        """Re-raise a failure of the refresh thread (as OperationalError)."""
+        """Re-raise a failure of the refresh thread (as OperationalError): of the refresh
+        itself (nothing committed), or of its ``after`` hook (the refresh committed)."""
         if self.error is not None:
             err = self.error
+            if isinstance(err, AfterCommitError):
+                d = err.done
+                raise OperationalError(
+                    f"the refresh committed version {d.version} (embedding generation "
+                    f"{d.generation}, step {d.step}), which stands; then {err.what} failed: "
+                    f"{err.error}") from err.error
             raise OperationalError(f"refreshing the embeddings failed: {err}") from err
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -147,12 +166,15 @@ class Refresher:
             try:
                 vid, gen = self._write(self.db, job.model, steps=job.step, tag=job.tag,
                                        message=job.message, info=job.info)
-                if job.after is not None:
-                    job.after(vid, gen)
                 done = RefreshDone(job.step, int(vid), int(gen), job.tag,
                                    time.perf_counter() - t0)
                 with self._cond:
-                    self.done.append(done)
+                    self.done.append(done)  # committed, whatever ``after`` does
+                if job.after is not None:
+                    try:
+                        job.after(vid, gen)
+                    except BaseException as exc:  # noqa: BLE001 - reported by check()
+                        raise AfterCommitError(done, job.after_what, exc) from exc
             except BaseException as exc:  # noqa: BLE001 - kept and re-raised by check()
                 with self._cond:
                     self.error = exc

@@ -3,7 +3,8 @@
 :func:`resolve_config` turns :func:`~npmdb.train.train`'s arguments into a frozen
 :class:`TrainConfig`: the ``"default"`` preset, then the named preset (or, when resuming,
 the saved run's hyperparameters), then the arguments passed explicitly (on resume only
-``steps`` and ``refresh_every``), each value checked.
+``steps`` and ``refresh_every``; ``steps`` defaults to the saved run's planned total),
+each value checked.
 
 With each generation it writes, the trainer saves its state under ``<db>/train/``: AdamW's
 moments as safetensors (``state.safetensors``) and the step, seed, sampler position and
@@ -13,6 +14,7 @@ as a :class:`Checkpoint`. Nothing is pickled.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -35,7 +37,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["PRESETS", "STATE_DIR", "TrainConfig", "Checkpoint", "resolve_config",
            "saved_run", "load_checkpoint", "load_train_state", "save_checkpoint",
-           "optimizer_tensors", "load_optimizer_tensors"]
+           "check_state_dir", "optimizer_tensors", "load_optimizer_tensors"]
 
 STATE_DIR = "train"
 STATE_FORMAT = 1
@@ -132,6 +134,13 @@ def saved_run(db: "Database", *, preset: str | None, resume: Any) -> "Checkpoint
     if saved is None:
         raise ProgrammingError(f"nothing to resume: {db.path / STATE_DIR} holds no training "
                                "state (train without resume=True first)")
+    if saved.generation not in {v["generation"] for v in db.versions()}:
+        # a vacuum dropped every version of it (e.g. after a restore and an untag); an
+        # encoder cached in this process would hide that, a new process could not load it
+        raise OperationalError(
+            f"the saved run cannot be resumed: its embedding generation {saved.generation} "
+            f"(step {saved.step}) is no longer in the database (a vacuum removed the "
+            "versions that read it): train without resume (--resume) to start a new run")
     return saved
 
 
@@ -141,7 +150,11 @@ def resolve_config(args: Mapping[str, Any], *, preset: str | None,
 
     Precedence: ``PRESETS["default"]`` < ``PRESETS[preset]`` or the saved run's
     hyperparameters < explicit arguments (on resume only ``steps`` and ``refresh_every``;
-    the saved objective, seed, grouping, clean_edges and span settings are kept).
+    the saved objective, seed, grouping, clean_edges and span settings are kept). On
+    resume ``steps`` defaults to the saved run's ``steps_total`` (its planned total: a
+    run that ``max_seconds`` stopped early continues to it), else to the preset's.
+    A ``warmup`` of more steps than ``steps`` is refused: the learning rate would never
+    reach its peak.
     """
     hp: dict[str, Any] = dict(PRESETS["default"])
     hp["steps"] = None
@@ -152,13 +165,35 @@ def resolve_config(args: Mapping[str, Any], *, preset: str | None,
         hp.update(PRESETS[preset])
     hp.update({k: args[k] for k in _PRESET_KEYS if args[k] is not None
                and (s is None or k in ("steps", "refresh_every"))})
+    if hp["steps"] is None and s is not None:
+        # resuming continues to the saved run's planned total (a run stopped early by
+        # max_seconds), else to the preset's
+        hp["steps"] = s.get("steps_total", PRESETS.get(preset or "default", {}).get("steps"))
     if hp["steps"] is None:
+        if s is not None:
+            raise ProgrammingError(
+                f"steps is required: the saved run (at step {saved.step}) records no total "
+                f"number of steps; pass steps=N (N > {saved.step}) with resume=True")
+        if preset is not None:
+            raise ProgrammingError(
+                f"steps is required: preset {preset!r} sets no number of steps; pass "
+                "steps=N (or use preset='demo', which sets 400)")
         raise ProgrammingError("steps is required: train(db, steps=N) (or preset='demo')")
     steps = _check_int("steps", hp["steps"], 1)
     batch_blocks = _check_int("batch_blocks", hp["batch_blocks"], 2)
     group_size = _check_int("group_size", hp["group_size"], 2)
     lr = _check_float("lr", hp["lr"], 0.0, 1.0, lo_open=True)
     warmup = _check_float("warmup", hp["warmup"], 0.0)
+    if warmup >= 1 and int(warmup) > steps:  # a number of steps (below 1: a fraction)
+        if s is not None:
+            raise ProgrammingError(
+                f"the saved run warms up over {int(warmup)} steps, more than steps={steps}: "
+                f"the learning rate would never reach its peak (lr={hp['lr']}); pass "
+                f"steps >= {int(warmup)}")
+        raise ProgrammingError(
+            f"warmup={warmup:g} steps is more than steps={steps}: the learning rate would "
+            f"never reach its peak (lr={hp['lr']}); pass warmup <= steps, or a fraction of "
+            "the steps below 1 (e.g. 0.06)")
     weight_decay = _check_float("weight_decay", hp["weight_decay"], 0.0)
     max_grad_norm = _check_float("max_grad_norm", hp["max_grad_norm"], 0.0)
     mask_ratio = _check_float("mask_ratio", hp["mask_ratio"], 0.0, 1.0, lo_open=True)
@@ -314,32 +349,107 @@ def save_checkpoint(db: "Database", meta: dict, tensors: dict[str, "torch.Tensor
 
 
 def load_checkpoint(db: "Database", *, tensors: bool = True) -> Checkpoint | None:
-    """The saved training state of ``db`` (without the optimizer's unless ``tensors``)."""
+    """The saved training state of ``db`` (without the optimizer's unless ``tensors``).
+
+    A state that cannot be read (a truncated or overwritten file, metadata of the wrong
+    shape, the two files from different steps) is an OperationalError saying which file
+    and to train again without resume, never msgpack's or safetensors' own exception.
+    """
     import msgpack
 
     st_path, mp_path = _state_paths(db)
     if not mp_path.exists():
         return None
-    meta = msgpack.unpackb(mp_path.read_bytes(), raw=False, strict_map_key=False)
-    if int(meta.get("format", 0)) != STATE_FORMAT:
-        raise OperationalError(f"{mp_path} has training-state format {meta.get('format')}, "
-                               f"this npmdb reads {STATE_FORMAT}")
+    try:
+        meta = msgpack.unpackb(mp_path.read_bytes(), raw=False, strict_map_key=False)
+    except Exception as exc:  # noqa: BLE001 - ValueError, msgpack's FormatError, OSError…
+        raise _damaged(mp_path, f"cannot be read ({_why(exc)})") from exc
+    _check_meta(meta, mp_path)
     if not tensors:
         return Checkpoint(meta, {})
     from safetensors import safe_open
 
     if not st_path.exists():
         raise OperationalError(f"{st_path} is missing: the training state is incomplete")
-    with safe_open(str(st_path), framework="pt") as fh:
-        header = fh.metadata() or {}
-        if header.get("step") != str(meta["step"]) or \
-                header.get("generation") != str(meta["generation"]):
-            raise OperationalError(
-                f"the training state in {st_path.parent} is torn (optimizer at step "
-                f"{header.get('step')}, metadata at step {meta['step']}): train again "
-                "without resume")
-        out = {k: fh.get_tensor(k) for k in fh.keys()}
+    try:
+        with safe_open(str(st_path), framework="pt") as fh:
+            header = fh.metadata() or {}
+            if header.get("step") != str(meta["step"]) or \
+                    header.get("generation") != str(meta["generation"]):
+                raise OperationalError(
+                    f"the training state in {st_path.parent} is torn (optimizer at step "
+                    f"{header.get('step')}, metadata at step {meta['step']}): train again "
+                    "without resume")
+            out = {k: fh.get_tensor(k) for k in fh.keys()}
+    except OperationalError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - SafetensorError, OSError…
+        raise _damaged(st_path, f"cannot be read ({_why(exc)})") from exc
     return Checkpoint(meta, out)
+
+
+def _damaged(path: Path, what: str) -> OperationalError:
+    return OperationalError(
+        f"the training state in {path.parent} is damaged: {path.name} {what}; train again "
+        "without resume (the new run's state replaces it)")
+
+
+def _why(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _check_meta(meta: Any, path: Path) -> None:
+    """``state.msgpack``'s content has the shape :func:`run_meta` writes (else damaged)."""
+    def is_int(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2 ** 63
+
+    if not isinstance(meta, dict):
+        raise _damaged(path, f"holds a {type(meta).__name__}, not the map npmdb writes")
+    fmt = meta.get("format")
+    if not is_int(fmt):
+        raise _damaged(path, f"has no format number (format: {fmt!r})")
+    if fmt != STATE_FORMAT:
+        raise OperationalError(f"{path} has training-state format {fmt}, "
+                               f"this npmdb reads {STATE_FORMAT}")
+    for key in ("step", "generation", "seed"):
+        if not is_int(meta.get(key)):
+            raise _damaged(path, f"has no valid {key} ({meta.get(key)!r})")
+    if "steps_total" in meta and not is_int(meta["steps_total"]):
+        raise _damaged(path, f"has no valid steps_total ({meta['steps_total']!r})")
+    if not isinstance(meta.get("objective"), str):
+        raise _damaged(path, f"has no valid objective ({meta.get('objective')!r})")
+    hyper, sampler = meta.get("hyper"), meta.get("sampler")
+    if not isinstance(hyper, dict) or not all(
+            k in hyper for k in ("grouping", "clean_edges", "max_span_len")):
+        raise _damaged(path, "has no valid hyperparameters (hyper)")
+    if not isinstance(sampler, dict) or not all(
+            is_int(sampler.get(k)) for k in ("epoch", "cursor")):
+        raise _damaged(path, "has no valid sampler position (sampler)")
+
+
+def check_state_dir(db: "Database") -> None:
+    """Refuse a run whose state :func:`save_checkpoint` could not write (``<db>/train``
+    a file, not writable…), before its first step rather than after its first commit."""
+    d = db.path / STATE_DIR
+    made = False
+    try:
+        if not d.is_dir():
+            d.mkdir()  # a file (or a broken link) in its place raises FileExistsError
+            made = True
+        probe = d / f".probe-{os.getpid()}.tmp"
+        try:
+            with open(probe, "wb") as fh:
+                fh.write(b"npmdb")
+        finally:
+            probe.unlink(missing_ok=True)
+        if made:  # save_checkpoint makes it again; a refused run leaves nothing behind
+            with contextlib.suppress(OSError):
+                d.rmdir()
+    except OSError as exc:
+        raise OperationalError(
+            f"cannot train: the training state could not be saved in {d} ({exc}); make "
+            "it a writable directory (or remove what is in its place) and train again. "
+            "Nothing was trained or committed") from exc
 
 
 def load_train_state(db: "Database", *, tensors: bool = True

@@ -34,8 +34,8 @@ from .reversals import with_pair_reversals
 from .refresh import Refresher, RefreshDone, RefreshJob
 from .report import History, TrainReport
 from .state import (
-    PRESETS, STATE_DIR, Checkpoint, TrainConfig, load_train_state, resolve_config, run_meta,
-    save_checkpoint, saved_run,
+    PRESETS, STATE_DIR, Checkpoint, TrainConfig, check_state_dir, load_train_state,
+    resolve_config, run_meta, save_checkpoint, saved_run,
 )
 from .prefetch import BatchSource
 from .step import Stepper, seed_step
@@ -92,7 +92,9 @@ def train(
     Args:
         db: an open, writable :class:`npmdb.Database` with documents.
         steps: total optimizer steps of the run (with ``resume``: the new total, counted
-            from the start of the saved run). Required unless the preset sets it.
+            from the start of the saved run; by default the saved run's planned total, so
+            a run ``max_seconds`` stopped continues to it). Required unless the preset
+            sets it.
         batch_blocks: blocks per batch (>= 2); the in-batch candidates of a span are the
             tokens of the batch's other blocks. Default 16.
         lr: peak AdamW learning rate (linear warm-up over ``warmup`` of the steps, then
@@ -115,7 +117,8 @@ def train(
         grouping: ``"neighbours"`` (default: same-document blocks, then BM25 neighbours
             sharing rare words), ``"documents"`` (NPM: same-document blocks, then random
             documents) or ``"random"``.
-        warmup: warm-up length as a fraction of ``steps`` (< 1) or a number of steps.
+        warmup: warm-up length as a fraction of ``steps`` (< 1) or a number of steps (at
+            most ``steps``: the learning rate must reach its peak).
         weight_decay, max_grad_norm: AdamW decay (not on biases and LayerNorm) and the
             gradient-norm clip.
         mask_ratio, max_span_len: masking budget and the longest span (NPM: 0.15, 10).
@@ -157,8 +160,8 @@ def train(
         threads: torch CPU threads (``torch.set_num_threads``, process-wide); default
             ``os.cpu_count()``. On a machine shared with other busy processes, 1 is often
             faster (threads waiting on a descheduled peer spin).
-        progress: show a progress bar (loss, steps/s, masked spans per batch); default:
-            the database's setting, else when stderr is a terminal.
+        progress: show a progress bar (loss, steps/s, masked spans per batch): True or
+            False; default (None): the database's setting, else when stderr is a terminal.
         tag_prefix: generations are tagged ``f"{tag_prefix}{step}"``. These tags name
             the latest run's steps: a later run with the same prefix moves them to its own
             versions (unlike ``db.tag``, which refuses without ``move=True``), so a run's
@@ -180,7 +183,9 @@ def train(
 
     Raises:
         ProgrammingError: invalid arguments, an empty database, nothing to resume.
-        OperationalError: the database is read-only, or a refresh failed.
+        OperationalError: the database is read-only, ``<db>/train/`` cannot hold the
+            training state, the saved state is damaged or its generation was vacuumed,
+            or a refresh (or saving the state after it) failed.
     """
     t_start = time.perf_counter()
     _check_writable(db)
@@ -191,6 +196,9 @@ def train(
                                f"got {max_seconds!r}")
     if not isinstance(prefetch, bool):
         raise ProgrammingError(f"prefetch must be True or False, got {prefetch!r}")
+    if progress is not None and not isinstance(progress, bool):  # "no" would show the bar
+        raise ProgrammingError(f"progress must be True or False (or None: the database's "
+                               f"setting), got {progress!r}")
     if callback is not None and not callable(callback):
         raise ProgrammingError(f"callback must be a function taking a dict of step "
                                f"statistics, got {callback!r}")
@@ -205,6 +213,9 @@ def train(
         span_length_p=span_length_p, reverse_pairs=reverse_pairs,
         grad_cache=grad_cache, chunk_tokens=chunk_tokens, loss_chunk=loss_chunk, threads=threads,
         tag_prefix=tag_prefix, log_every=log_every), preset=preset, saved=saved)
+    # each refresh saves the state there after its commit: a failure then would end the
+    # run after the version committed, losing the steps since
+    check_state_dir(db)
     if progress is None:
         progress = db.progress
     sampler, start_gen = _sampler(db, cfg, saved)
@@ -367,7 +378,8 @@ class _Run:
                 "seed": cfg.seed, "lr": cfg.lr, "batch_blocks": cfg.batch_blocks}
         job = RefreshJob(model, step, tag,
                          f"trained encoder, step {step}/{cfg.steps} ({cfg.objective} objective)",
-                         info, after)
+                         info, after, after_what="saving the training state (what resume "
+                         f"continues from) in {self.db.path / STATE_DIR}")
         self._copy_seconds += time.perf_counter() - t  # copying is refresh overhead
         return job
 
