@@ -252,8 +252,23 @@ class _ExprCompiler:
 
     def c_InList(self, e: A.InList) -> Callable[[Row], Any]:
         fv = self.compile(e.expr)
-        items = [self.compile(i) for i in e.items]
         neg = e.negated
+        if all(isinstance(i, A.Literal) for i in e.items):  # a set lookup, as '=' compares
+            values = [i.value for i in e.items]
+            texts = {v for v in values if isinstance(v, str)}
+            numbers = {v for v in values if _is_num(v)}  # 1 = 1.0 = TRUE, as in compare
+            has_null = any(v is None for v in values)
+
+            def in_set(r: Row) -> Any:
+                v = fv(r)
+                if v is None:
+                    return None
+                hit = v in texts if isinstance(v, str) else _is_num(v) and v in numbers
+                if hit:
+                    return not neg
+                return None if has_null else neg
+            return in_set
+        items = [self.compile(i) for i in e.items]
 
         def in_(r: Row) -> Any:
             v = fv(r)
