@@ -60,10 +60,19 @@ def _kind(v: Any) -> str:
 
 
 @lru_cache(maxsize=256)
+def _lower(s: str) -> str:
+    """``s`` in lower case, one character for one (``'İ'.lower()`` is two characters, and
+    ``_`` matches one): a character whose lower case is longer stays as it is."""
+    low = s.lower()
+    if len(low) == len(s):
+        return low
+    return "".join(c.lower() if len(c.lower()) == 1 else c for c in s)
+
+
 def like(pattern: str) -> Callable[[str], bool]:
     """A case-insensitive SQL LIKE matcher for ``pattern`` (``%``: any run, ``_``: one
     character); linear-time per segment, no regular expressions, no backtracking blowup."""
-    p = pattern.lower()
+    p = _lower(pattern)
     parts = p.split("%")
 
     def at(s: str, i: int, part: str) -> bool:
@@ -83,7 +92,7 @@ def like(pattern: str) -> Callable[[str], bool]:
         return -1
 
     def match(s: str) -> bool:
-        s = s.lower()
+        s = _lower(s)
         if len(parts) == 1:
             return len(s) == len(p) and at(s, 0, p)
         first, last = parts[0], parts[-1]

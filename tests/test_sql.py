@@ -1050,3 +1050,10 @@ def test_in_a_list_of_values_is_a_set_lookup_that_compares_as_equals_does():
             fast, slow = (compile_expr(o) for o in where.operands)
             for v in values:
                 assert fast({"x": v}) == slow({"x": v}), (items, neg, v)
+
+
+def test_like_underscore_is_one_character_whatever_its_lower_case():
+    from npmdb.query.evaluate import like
+
+    assert like("_")("İ") and like("i_")("iİ") and like("%İst%")("İstanbul")
+    assert like("ab_")("ABc") and not like("_")("ab")
