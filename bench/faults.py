@@ -666,6 +666,9 @@ def query_strategies():
                                  max_size=3, unique=True))
             if src == "CLASSIFY":
                 opts = [o for o in opts if o.startswith("tau")]
+            elif src == "TOKENS":  # token mode takes no phrase options (SQL refuses them)
+                opts = [o for o in opts if o.split(" =")[0] not in
+                        ("max_len", "clean_edges", "no_stopwords", "scoring")]
             if opts:
                 text += " WITH " + ", ".join(opts)
         col = cols[src][0]

@@ -159,9 +159,15 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "spiece.model", "sentencepiece.bpe.model", "sentencepiece.model")
 
 
+#: Every file a tokenizer may be read from: the fingerprinted ones (a list kept as
+#: databases recorded it) and sentencepiece models by other names (DeBERTa-v2/v3's
+#: ``spm.model``, ``tokenizer.model``). A trained checkpoint gets those its source has.
+ALL_TOKENIZER_FILES = TOKENIZER_FILES + ("spm.model", "tokenizer.model")
+
 #: Of those, the ones that hold a vocabulary: a directory needs one of them.
 VOCABULARY_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model",
-                    "sentencepiece.bpe.model", "sentencepiece.model")
+                    "sentencepiece.bpe.model", "sentencepiece.model", "spm.model",
+                    "tokenizer.model")
 
 
 def fingerprint_tokenizer(path: Path) -> str:

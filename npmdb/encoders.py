@@ -21,9 +21,9 @@ from npmdb.storage.segments import fsync_dir
 
 __all__ = ["Encoders", "preload", "save_checkpoint", "TOKENIZER_FILES"]
 
-#: The tokenizer files a checkpoint gets (those its source has): the files a tokenizer is
-#: read from and fingerprinted by.
-TOKENIZER_FILES = enc_mod.TOKENIZER_FILES
+#: The tokenizer files a checkpoint gets (those its source has): every file a tokenizer
+#: is read from.
+TOKENIZER_FILES = enc_mod.ALL_TOKENIZER_FILES
 
 
 class Encoders:

@@ -370,11 +370,13 @@ class _Binder:
     def check_used(self, method: str, mode: str, *, named: bool) -> None:
         """A WITH option that the statement's retrieval or mode does not use is an error
         (as the same option in USING is), not silently ignored."""
+        chose = "" if named or self.source == "CLASSIFY" or method == "bm25" else \
+            " (chosen by exact = TRUE)"
         for o in self.stmt.options:
             why = _UNUSED.get((o.name, method)) or _UNUSED.get((o.name, mode))
-            if why is None:
-                continue
-            how = "" if named else f" (the default of {self.source})"
+            if why is None or (o.name == "exact" and getattr(o.value, "value", None) is False):
+                continue  # exact = FALSE asks for what bm25 does anyway
+            how = "" if named else chose or f" (the default of {self.source})"
             if mode == "token" and (o.name, "token") in _UNUSED:
                 fix = "drop it, or use MASKED(...) for phrases"
             elif method == "bm25":
@@ -390,7 +392,8 @@ class _Binder:
         for it in items:
             for n in A.walk(it.expr):
                 if isinstance(n, A.Name) and n.parts in _EVIDENCE_COLUMNS:
-                    self.fail(n, f"{it.name} comes from an answer's best occurrence, and "
+                    col = _EVIDENCE_COLUMNS[n.parts]
+                    self.fail(n, f"{col} comes from an answer's best occurrence, and "
                                  "WITH evidence = 0 keeps none: drop the option or the column")
 
     # ------------------------------------------------------------ the plan
@@ -533,7 +536,8 @@ _UNUSED: dict[tuple[str, str], str] = {
        for o in ("max_len", "scoring", "no_stopwords", "clean_edges")},
 }
 # answer columns read from the best occurrence (canonical paths)
-_EVIDENCE_COLUMNS = {("doc", "id"), ("doc", "title"), ("start",), ("end",), ("snippet",)}
+_EVIDENCE_COLUMNS = {("doc", "id"): "doc_id", ("doc", "title"): "title", ("start",): "start",
+                     ("end",): "end", ("snippet",): "snippet"}
 # Options that a clause sets.
 _CLAUSE_FOR = {"top": "LIMIT", "limit": "LIMIT", "offset": "OFFSET", "version": "AS OF",
                "group_by": "GROUP BY", "retrieval": "USING", "doc_filter": "WHERE",

@@ -125,8 +125,10 @@ class _ExprCompiler:
                         cls=QueryDataError)
 
     def checked(self, v: Any, node: Any) -> Any:
-        """A computed number within the literals' range: a 64-bit integer, a finite float."""
-        if isinstance(v, float) and not math.isfinite(v):
+        """A computed number within the literals' range: a 64-bit integer, a float that is
+        not infinite. NaN passes (it comes from an operand that is NaN: a data frame's
+        missing number in ``meta``, as npmdb stores it), and compares as nothing."""
+        if isinstance(v, float) and math.isinf(v):
             raise self.bad(node, f"number out of range from {expr_to_sql(node):.80}")
         if isinstance(v, int) and not -MAX_INTEGER - 1 <= v <= MAX_INTEGER:
             raise self.bad(node, f"integer out of range (must fit in 64 bits) from "
@@ -375,10 +377,12 @@ def _in_row(f: Callable[[Row], Any]) -> Callable[[Row], Any]:
         try:
             return f(r)
         except QueryDataError as exc:
-            if "doc.id" in r:
-                where = f"document {r['doc.id']!r}"
-            elif "phrase" in r:
-                where = f"answer {r['phrase']!r}"
+            doc, phrase = r.get("doc.id"), r.get("phrase")
+            if phrase is not None:  # an answer's row (its best occurrence's document)
+                where = f"answer {phrase!r}" + (f", document {doc!r}" if doc is not None
+                                                else "")
+            elif doc is not None:
+                where = f"document {doc!r}"
             else:
                 raise
             raise QueryDataError(f"{exc.short_message} (in {where})", text=exc.text,

@@ -330,7 +330,8 @@ def test_a_checkpoint_gets_the_tokenizer_of_the_encoder_as_loaded(tmp_path, samp
     from npmdb.encoder import TOKENIZER_FILES, VOCABULARY_FILES
     from npmdb.encoders import TOKENIZER_FILES as COPIED
 
-    assert COPIED == TOKENIZER_FILES and set(VOCABULARY_FILES) <= set(TOKENIZER_FILES)
+    assert set(TOKENIZER_FILES) | set(VOCABULARY_FILES) <= set(COPIED)
+    assert {"spm.model", "tokenizer.model"} <= set(VOCABULARY_FILES)  # DeBERTa-v2/v3
     home = make_tiny_encoder(tmp_path / "a" / "enc", seed=5)
     with npmdb.open(tmp_path / "db", encoder=home, progress=False) as db:
         db.add(sample_corpus[:40])
@@ -346,3 +347,17 @@ def test_a_checkpoint_gets_the_tokenizer_of_the_encoder_as_loaded(tmp_path, samp
         assert db.encoder_for(gen).tokenize(text).ids.tolist() == want
         assert len(set(want)) > 3  # real word pieces, not one unknown id
         assert db.check().ok
+
+
+def test_sentencepiece_models_by_other_names_count_as_a_tokenizer(tmp_path, tiny_encoder):
+    """DeBERTa-v2/v3 ship ``spm.model`` (no tokenizer.json): such a directory is not
+    refused as having no tokenizer (databases built with one kept opening)."""
+    from npmdb.encoder import describe
+
+    for name in ("spm.model", "tokenizer.model"):
+        d = tmp_path / name
+        d.mkdir()
+        for f in ("config.json", "model.safetensors"):
+            shutil.copy(tiny_encoder / f, d / f)
+        (d / name).write_bytes(b"a sentencepiece model")
+        assert describe(d).fingerprint

@@ -1022,7 +1022,7 @@ def test_options_the_plan_uses_are_accepted(db):
     got = db.sql("SELECT phrase FROM MASKED(?) WITH exact = TRUE, k = 64", [Q])
     assert key(got.answers) == key(want.answers)
     got = db.sql("SELECT phrase, evidence FROM MASKED(?) WITH evidence = 0", [Q])
-    assert all(r[1] == [] for r in got.rows)
+    assert got.rows and all(r[1] == [] for r in got.rows)
 
 
 def test_in_a_list_of_values_is_a_set_lookup_that_compares_as_equals_does():
@@ -1057,3 +1057,31 @@ def test_like_underscore_is_one_character_whatever_its_lower_case():
 
     assert like("_")("İ") and like("i_")("iİ") and like("%İst%")("İstanbul")
     assert like("ab_")("ABc") and not like("_")("ab")
+
+
+def test_a_missing_number_in_meta_is_no_overflow(new_db):
+    """A data frame's missing number is stored as NaN: arithmetic over it gives NaN, which
+    compares as nothing, as before; only infinity is out of range."""
+    new_db.add([{"id": "a", "text": "Paris is a city in France.", "meta": {"year": 1999.0}},
+                {"id": "b", "text": "Rome is a city in Italy.", "meta": {"year": float("nan")}}])
+    rows = dict(new_db.sql("SELECT id, doc.meta.year + 1 AS y FROM DOCUMENTS").rows)
+    assert rows["a"] == 2000.0 and rows["b"] != rows["b"]
+    assert new_db.sql("SELECT id FROM DOCUMENTS WHERE doc.meta.year * 2 > 0").rows == (("a",),)
+    with pytest.raises(npmdb.QueryDataError, match="out of range"):
+        new_db.sql("SELECT doc.meta.year * 1e308 AS y FROM DOCUMENTS")
+
+
+def test_refused_options_and_values_name_what_the_user_wrote(db):
+    with pytest.raises(QueryParseError, match=r"blocks is not used by dense retrieval "
+                                              r"\(chosen by exact = TRUE\)"):
+        db.sql("SELECT phrase FROM MASKED(?) WITH exact = TRUE, blocks = 3", [Q])
+    # exact = FALSE is what bm25 does anyway
+    want = db.sql("SELECT phrase FROM MASKED(?)", [Q]).rows
+    assert db.sql("SELECT phrase FROM MASKED(?) WITH exact = FALSE", [Q]).rows == want
+    with pytest.raises(QueryParseError, match="title comes from an answer's best occurrence"):
+        db.sql("SELECT lower(title) AS t FROM MASKED(?) WITH evidence = 0", [Q])
+    with pytest.raises(npmdb.QueryDataError, match=r"\(in answer '[^']+'\)"):
+        db.sql("SELECT phrase, 9223372036854775807 + support AS x FROM MASKED(?) "
+               "WITH evidence = 0", [Q])
+    with pytest.raises(npmdb.QueryDataError, match=r"\(in answer '[^']+', document '[^']+'\)"):
+        db.sql("SELECT phrase, 9223372036854775807 + support AS x FROM MASKED(?)", [Q])
