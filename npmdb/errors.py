@@ -83,6 +83,10 @@ class _Positioned:
         self.short_message = message
         super().__init__(self._render(message))
 
+    def __reduce__(self):  # pickled whole (a shard's process, a Ray worker)
+        return (_rebuild, (type(self), self.short_message, self.text, self.line, self.column,
+                           self.expected))
+
     def _render(self, message: str) -> str:
         head = f"{message} (line {self.line}, column {self.column})"
         if self.expected:
@@ -92,6 +96,11 @@ class _Positioned:
             src = lines[self.line - 1]
             head += "\n  " + src + "\n  " + " " * (self.column - 1) + "^"
         return head
+
+
+def _rebuild(cls: type, message: str, text: str, line: int, column: int,
+             expected: tuple[str, ...]) -> Exception:
+    return cls(message, text=text, line=line, column=column, expected=expected)
 
 
 class QueryParseError(_Positioned, ProgrammingError):

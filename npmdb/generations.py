@@ -73,11 +73,11 @@ def check_model(model: Any, base: enc_mod.Encoder, dim: int) -> None:
             f"the model's hidden size is {hidden} and the database's vectors are {dim} "
             "wide: refresh with a trained copy of the database's encoder (its vectors "
             "must have the width the indexes hold), or make a new database for this model")
-    vocab, have = getattr(config, "vocab_size", None), len(base.tokenizer)
+    vocab, have = getattr(config, "vocab_size", None), int(base.model.config.vocab_size)
     if not isinstance(vocab, int) or vocab < have:
         raise ProgrammingError(
-            f"the model's vocabulary holds {vocab} tokens and the database's tokenizer "
-            f"{have}: the stored token ids are the tokenizer's, so refresh with a model "
+            f"the model's vocabulary holds {vocab} tokens and the database's encoder "
+            f"{have}: the stored token ids are its tokenizer's, so refresh with a model "
             "trained from the database's encoder")
     positions = enc_mod.usable_positions(config.to_dict())
     if positions < base.max_positions:

@@ -1085,3 +1085,14 @@ def test_refused_options_and_values_name_what_the_user_wrote(db):
                "WITH evidence = 0", [Q])
     with pytest.raises(npmdb.QueryDataError, match=r"\(in answer '[^']+', document '[^']+'\)"):
         db.sql("SELECT phrase, 9223372036854775807 + support AS x FROM MASKED(?)", [Q])
+
+
+def test_positioned_errors_survive_pickling():
+    """A shard's worker process raises them too: they cross processes whole."""
+    import pickle
+
+    for cls in (QueryParseError, npmdb.QueryDataError):
+        e = cls("bad value", text="SELECT x FROM DOCUMENTS", line=1, column=8, expected=("a",))
+        back = pickle.loads(pickle.dumps(e))
+        assert type(back) is cls and str(back) == str(e)
+        assert (back.line, back.column, back.expected) == (1, 8, ("a",))
