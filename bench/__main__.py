@@ -3,7 +3,8 @@
     python -m bench                                   # ../shared/data/dev, the full run (< 1 h, 2 cores)
     python -m bench --data npmdb/data/dev-small --quick   # a few minutes: proves the suite runs
 
-Steps (each prints progress; a failing step is recorded and the run goes on):
+Steps (each prints progress on stderr, as lines where it is not a terminal: a log, ``| tee``;
+a failing step is recorded and the run goes on):
 
 1. main database: built from the data's corpus in one ``add`` (float16, HNSW) unless
    ``bench/work/<data>-main.npmdb`` already holds it; build time per stage.
@@ -14,7 +15,10 @@ Steps (each prints progress; a failing step is recorded and the run goes on):
 5. codecs: bytes per token and EM / top-1 agreement per codec (float16, int8, pq, pq48).
 6. peers: the LanceDB comparison (same vectors, same queries, answers checked).
 7. growth: latency at 10%, 30%, 100% of the corpus.
-8. report: ``bench/results/bench-<data>.json``, ``BENCHMARKS.md`` and PNG plots.
+8. report: ``bench/results/bench-<data>.json``, ``BENCHMARKS.md`` and PNG plots. Only a
+   full run writes the root ``BENCHMARKS.md``; a ``--quick`` or ``--smoke`` run's report goes
+   beside its JSON as ``bench-<data>-quick.md`` / ``-smoke.md`` (``--report PATH`` chooses),
+   and with ``--results DIR`` to ``DIR/BENCHMARKS.md``.
 """
 
 from __future__ import annotations
@@ -29,10 +33,9 @@ import time
 import traceback
 from pathlib import Path
 
-from .common import RESULTS, load_jsonl, machine
+from .common import DEV_DATA, RESULTS, ROOT, load_jsonl, machine, require_data
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_DATA = ROOT.parent / "shared" / "data" / "dev"
+DEFAULT_DATA = DEV_DATA
 STEPS = ("main", "latency", "ingest", "ann", "codecs", "peers", "growth")
 _T0 = time.perf_counter()
 
@@ -71,6 +74,76 @@ def _timed_ingest_stages(stages: dict):
             setattr(owner, attr, fn)
 
 
+class _LogBar:
+    """A progress bar for a log (stderr not a terminal, where ``npmdb.progress`` shows
+    none): a line when the work starts, one every ``every`` seconds, one when it ends."""
+
+    def __init__(self, total: int, desc: str, unit: str = "it", every: float = 30.0) -> None:
+        self.total, self.desc, self.unit, self.every = total, desc, unit, every
+        self.n, self.closed = 0, False
+        self.t0 = self.last = time.perf_counter()
+        log(f"  {desc}: {total} {unit} …")
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        now = time.perf_counter()
+        if now - self.last >= self.every:
+            self.last = now
+            secs = now - self.t0
+            rate = self.n / secs if secs > 0 else 0.0
+            left = f", ~{(self.total - self.n) / rate:.0f} s left" if rate and self.total else ""
+            pct = f" ({self.n / self.total:.0%})" if self.total else ""
+            log(f"  {self.desc}: {self.n}/{self.total} {self.unit}{pct}, {rate:.0f} "
+                f"{self.unit}/s{left}")
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            secs = time.perf_counter() - self.t0
+            log(f"  {self.desc}: {self.n} {self.unit} in {secs:.1f} s")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __getattr__(self, name):  # tqdm's other methods (set_postfix, refresh, ...): nothing
+        return lambda *a, **k: None
+
+
+@contextlib.contextmanager
+def progress_lines(every: float = 30.0):
+    """While the block runs, npmdb's progress bars (``npmdb.progress``: tqdm on a terminal,
+    nothing otherwise) print :class:`_LogBar` lines where stderr is not a terminal; yields
+    the ``progress=`` value for ``npmdb.open``."""
+    if sys.stderr.isatty():
+        yield None  # npmdb's own bars
+        return
+    import importlib
+
+    from npmdb import progress as P
+
+    modules = [P, importlib.import_module("npmdb.ingest.prepare")]
+    saved = [(m, m.progress_bar) for m in modules]
+
+    def bar(total, desc, enabled=None, unit="it"):
+        return _LogBar(total, desc, unit, every) if enabled is not False else \
+            saved[0][1](total, desc, False, unit)
+    for m in modules:
+        m.progress_bar = bar
+    try:
+        yield True
+    finally:
+        for m, fn in saved:
+            m.progress_bar = fn
+
+
+def _encoder_info(db) -> dict:
+    info = db.encoder_for(0).info
+    return {"name": info.name, "fingerprint": info.fingerprint}
+
+
 def _usable(path: Path) -> bool:
     import npmdb
 
@@ -94,14 +167,16 @@ def ensure_main_db(data: Path, work: Path, info: dict | None = None, encoder=Non
     if (path / "data.mdb").exists() and _usable(path):
         log(f"main database {path} reused")
         if info is not None:
-            info.update({"path": str(path), "reused": True})
+            with npmdb.open(path, readonly=True, progress=False) as db:
+                info.update({"path": str(path), "reused": True, "encoder": _encoder_info(db)})
         return path
     shutil.rmtree(path, ignore_errors=True)
     docs = load_jsonl(data / "corpus.jsonl.gz")
     log(f"building the main database {path} from {len(docs)} documents …")
     stages: dict = {}
-    with npmdb.open(path, encoder=encoder, progress=sys.stderr.isatty()) as db:
-        db.encoder_for(0)
+    with progress_lines() as progress, \
+            npmdb.open(path, encoder=encoder, progress=progress) as db:
+        enc = _encoder_info(db)
         t0 = time.perf_counter()
         with _timed_ingest_stages(stages):
             db.add(docs)
@@ -111,7 +186,7 @@ def ensure_main_db(data: Path, work: Path, info: dict | None = None, encoder=Non
         + ", ".join(f"{k} {v:.0f} s" for k, v in stages.items()))
     if info is not None:
         info.update({"path": str(path), "reused": False, "seconds": secs, "tokens": tokens,
-                     "tok_s": tokens / secs, "stages_s": stages})
+                     "tok_s": tokens / secs, "stages_s": stages, "encoder": enc})
     return path
 
 
@@ -200,16 +275,19 @@ def main(argv=None) -> int:
     ap.add_argument("--skip", default="", help="comma-separated steps to skip")
     ap.add_argument("--queries", type=int, default=None, help="latency queries per setting")
     ap.add_argument("--lance-index", default="none", choices=("none", "ivf_pq"))
-    ap.add_argument("--no-report", action="store_true", help="do not rewrite BENCHMARKS.md")
+    ap.add_argument("--no-report", action="store_true", help="write no markdown report")
+    ap.add_argument("--report", type=Path, default=None,
+                    help="where the markdown report goes (default: BENCHMARKS.md for a full "
+                         "run, bench-<data>-quick.md / -smoke.md beside the JSON for a quick "
+                         "or smoke one, DIR/BENCHMARKS.md with --results DIR)")
     ap.add_argument("--smoke", action="store_true", help="a few queries of everything (tests)")
     ap.add_argument("--encoder", default=None, help="encoder directory for a new main database")
-    ap.add_argument("--results", type=Path, default=RESULTS, help="where the JSON goes")
+    ap.add_argument("--results", type=Path, default=RESULTS, help="where the JSON and the plots go")
     args = ap.parse_args(argv)
     os.environ.setdefault("RUST_LOG", "error")  # LanceDB chatter
     os.environ.setdefault("LANCE_LOG", "error")
 
-    if not (args.data / "corpus.jsonl.gz").exists():
-        ap.error(f"no corpus at {args.data} (pass --data DIR)")
+    require_data(args.data, "corpus.jsonl.gz", "cloze.jsonl", error=ap.error)
     quick = args.quick
     q = args.queries or (30 if quick else 100)
     cfg = {"queries": q, "ks": [64, 1024] if quick else [64, 256, 1024, 4096],
@@ -227,8 +305,8 @@ def main(argv=None) -> int:
     steps = [s for s in steps if s not in args.skip.split(",")]
     name = f"bench-{args.data.name}" + ("-smoke" if args.smoke else "-quick" if quick else "")
     path = args.results / f"{name}.json"
-    results: dict = {"data": str(args.data), "quick": quick, "config": cfg, "machine": machine(),
-                     "steps": {}, "errors": {}}
+    results: dict = {"data": str(args.data), "quick": quick, "smoke": args.smoke, "config": cfg,
+                     "machine": machine(), "steps": {}, "errors": {}}
     if path.exists() and args.only:  # a partial re-run keeps the other steps' results
         old = json.loads(path.read_text())
         results["steps"] = old.get("steps", {})
@@ -283,8 +361,10 @@ def main(argv=None) -> int:
     if not args.no_report:
         from . import report
 
-        md = report.write(results, name, results_dir=args.results)
-        log(f"wrote {path}, {md} and plots under {RESULTS}")
+        md, plots = report.write_report(results, name, md_path=args.report,
+                                        results_dir=args.results)
+        log(f"wrote {path}, {md}" + (f" and {len(plots)} plots under {args.results}" if plots
+                                     else " (no plots)"))
     log(f"total {results['total_s'] / 60:.1f} min")
     return 1 if results["errors"] else 0
 

@@ -1,9 +1,11 @@
 """EM cost of the compact codecs with a *trained* encoder.
 
-The suite's codec step runs on the untrained default encoder, whose EM is near 0, so its
-"EM loss" says little. This builds int8 and PQ copies of a trained database's corpus with
-that database's current encoder and compares cloze EM (bm25 and dense) with the float16
-original.
+The suite's codec step measures the codecs with its main database's encoder (the shipped
+default, unless ``--encoder``) and decides the codec target from that run alone. This builds
+int8 and PQ copies of a given trained database's corpus with that database's current
+encoder (a generation ``npmdb train`` wrote) and compares cloze EM (bm25 and dense) with the
+float16 original; the suite's report shows the last such run as its own run, with its
+encoder.
 
     python -m bench.codec_em --db demo.npmdb     # after `npmdb train demo.npmdb --preset demo`
 """
@@ -33,6 +35,7 @@ def run(db_path: Path, data: Path, work: Path, codecs=CODECS, log=print) -> dict
             gen = snap.generation
         enc = db.encoder_for(gen)
         out["encoder"], out["generation"] = enc.info.name, gen
+        out["fingerprint"] = enc.info.fingerprint  # what the suite's report compares
         ref = {m: evaluate_cloze(db, rows, m)["em_micro"] for m in MODES}
         out["codecs"]["float16"] = {"bytes_per_vector": 2 * enc.hidden_size, "em": ref}
         log(f"float16: {ref}")

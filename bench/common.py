@@ -14,6 +14,34 @@ from typing import Any
 import numpy as np
 
 RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = RESULTS.parent.parent
+#: The dev corpus beside the checkout (``make bench``; the committed ``dev`` results),
+#: found from the repository, not from the working directory. A user's clone may lack it.
+DEV_DATA = ROOT.parent / "shared" / "data" / "dev"
+#: The bundled sample data (corpus.jsonl.gz, cloze.jsonl, ...).
+SMALL_DATA = ROOT / "npmdb" / "data" / "dev-small"
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def require_data(data: Path, *files: str, error=None) -> None:
+    """Stop before any work when ``data`` lacks one of ``files`` (default: the cloze
+    queries): ``error(message)`` (an argparse parser's ``error``: usage, exit 2) or
+    ``SystemExit(message)``."""
+    missing = [f for f in (files or ("cloze.jsonl",)) if not (Path(data) / f).is_file()]
+    if not missing:
+        return
+    msg = (f"no {' or '.join(missing)} in {data}: pass --data DIR, the data directory of "
+           f"the database's corpus, holding {', '.join(files or ('cloze.jsonl',))} (e.g. the "
+           f"bundled sample data: --data {_shown(SMALL_DATA)})")
+    if error is not None:
+        error(msg)
+    raise SystemExit(msg)
 
 
 def load_jsonl(path: Path) -> list[dict]:
@@ -51,3 +79,15 @@ def percentiles(ms: list[float]) -> dict[str, float]:
     a = np.asarray(ms)
     return {"p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99)),
             "mean": float(a.mean()), "n": int(len(a))}
+
+
+def vs_limit(value: float, limit: float, digits: int = 1) -> str:
+    """``value`` with ``digits`` decimals, or more where the rounded figure would sit on
+    the other side of (or on) ``limit`` than the value does: 84.67 against 85 prints
+    84.7, not 85, so the figure and the verdict beside it agree."""
+    side = (value > limit) - (value < limit)
+    for d in range(digits, digits + 6):
+        r = round(value, d)
+        if (r > limit) - (r < limit) == side:
+            return f"{value:.{d}f}"
+    return repr(value)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import load_jsonl, publish
+from .common import DEV_DATA, load_jsonl, publish, require_data
 from .quality import evaluate_cloze
 
 
@@ -55,12 +55,16 @@ def render(out: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.compact_em",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--ref", type=Path, required=True)
     ap.add_argument("--db", action="append", default=[], metavar="NAME=PATH")
-    ap.add_argument("--data", type=Path, default=Path("../shared/data/dev"))
+    ap.add_argument("--data", type=Path, default=DEV_DATA,
+                    help="the data whose cloze.jsonl queries are asked (default: the dev corpus "
+                         "beside the checkout, ../shared/data/dev, as the committed results)")
     ap.add_argument("--queries", type=int, default=200)
     a = ap.parse_args(argv)
+    require_data(a.data, error=ap.error)
     dbs = {k: Path(v) for k, v in (x.split("=", 1) for x in a.db)}
     return publish(f"compact-em-{a.data.name}", run(a.ref, dbs, a.data, a.queries), render)
 

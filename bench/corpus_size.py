@@ -36,7 +36,7 @@ from pathlib import Path
 
 from npmdb.arguments import parse_assignments
 
-from .common import RESULTS, publish
+from .common import DEV_DATA, RESULTS, publish, require_data
 from .memcap import MemoryCap
 from .report import _save
 from .replay import measure
@@ -191,9 +191,12 @@ def plot(out: dict, path: Path) -> str | None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.corpus_size",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("dbs", type=Path, nargs="+", help="databases, smallest first")
-    ap.add_argument("--data", type=Path, default=Path("../shared/data/dev"))
+    ap.add_argument("--data", type=Path, default=DEV_DATA,
+                    help="the data whose cloze.jsonl queries are asked (default: the dev corpus "
+                         "beside the checkout, ../shared/data/dev, as the committed results)")
     ap.add_argument("--queries", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("-k", type=int, default=1024)
@@ -205,6 +208,7 @@ def main(argv=None) -> int:
                     help="an IvfParams field every database is searched with (repeatable), "
                          "e.g. refine=12")
     a = ap.parse_args(argv)
+    require_data(a.data, error=ap.error)
     try:
         ivf = parse_assignments(a.ivf, "--ivf")
     except ValueError as exc:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import load_jsonl, machine, publish
+from .common import DEV_DATA, load_jsonl, machine, publish, require_data
 
 
 def _params(setting: str):
@@ -98,15 +98,18 @@ def render(out: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m bench.probes", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dbs", type=Path, nargs="+")
-    ap.add_argument("--data", type=Path, default=Path("../shared/data/dev"))
+    ap.add_argument("--data", type=Path, default=DEV_DATA,
+                    help="the data whose cloze.jsonl queries are asked (default: the dev corpus "
+                         "beside the checkout, ../shared/data/dev, as the committed results)")
     ap.add_argument("--settings", default="default,48x2,24x2,16x2,48x3,16x3,8x3")
     ap.add_argument("--queries", type=int, default=20)
     ap.add_argument("-k", type=int, default=1024)
     ap.add_argument("--name", default="ivf-probes")
     args = ap.parse_args(argv)
+    require_data(args.data, error=ap.error)
     rows = load_jsonl(args.data / "cloze.jsonl")[: args.queries]
     settings = args.settings.split(",")
     out = {"machine": machine(), "k": args.k, "queries": len(rows),

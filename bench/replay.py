@@ -19,7 +19,10 @@ answers are therefore the source's answers, each supported ``r`` times, and late
 with the candidates an index must scan, as it would on real text.
 
 Then, in a fresh process: bytes per token on disk, open time, dense ``fill_mask`` p50/p99
-at k=1024 on cloze queries of ``--data``, and resident memory (RSS, anon). Results go to
+at k=1024 on cloze queries of ``--data`` (default: the dev corpus beside the checkout,
+``../shared/data/dev``, that the committed results used; a database of the bundled sample
+wants ``--data npmdb/data/dev-small``; a missing one stops the run before anything is
+built), and resident memory (RSS, anon). Results go to
 ``bench/results/replay-<name>.json`` / ``.md``; ``--measure-only`` re-measures an existing
 ``--dst``; ``--merge --src A --dst B`` makes B a copy of A with its segments merged into one
 by ``optimize()`` (what a user runs once a corpus is loaded) and measures it.
@@ -36,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import RESULTS, load_jsonl, percentiles, publish
+from .common import DEV_DATA, RESULTS, load_jsonl, percentiles, publish, require_data
 from .memcap import MemoryCap, evict
 
 _PROBE = r"""
@@ -246,7 +249,8 @@ def render(out: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.replay",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--src", type=Path, required=True)
     ap.add_argument("--dst", type=Path, required=True)
     ap.add_argument("--tokens", type=int, default=10_000_000)
@@ -258,7 +262,10 @@ def main(argv=None) -> int:
     ap.add_argument("--lists", type=int, default=None,
                     help="the IVF template's coarse lists (default: the first segment's "
                          "choice); e.g. 8192 for 100M tokens, what optimize() retrains to")
-    ap.add_argument("--data", type=Path, default=Path("../shared/data/dev"))
+    ap.add_argument("--data", type=Path, default=DEV_DATA,
+                    help="the data whose cloze.jsonl queries are measured (default: the dev "
+                         "corpus beside the checkout, ../shared/data/dev, as the committed "
+                         "results; checked before anything is built)")
     ap.add_argument("--queries", type=int, default=100)
     ap.add_argument("-k", type=int, default=1024)
     ap.add_argument("--measure-only", action="store_true")
@@ -269,7 +276,8 @@ def main(argv=None) -> int:
                     help="--merge: optimize()'s retrain of the IVF template (auto: when "
                          "the corpus has outgrown its lists)")
     a = ap.parse_args(argv)
-    out: dict = {"dst": str(a.dst), "k": a.k, "queries": a.queries}
+    require_data(a.data, error=ap.error)  # before the build: it is read only after it
+    out: dict = {"dst": str(a.dst), "k": a.k, "queries": a.queries, "data": str(a.data)}
     if a.merge:
         out["build"] = merge(a.src, a.dst, log=lambda m: print(m, file=sys.stderr, flush=True),
                              retrain={"auto": None, "yes": True, "no": False}[a.retrain])

@@ -1,18 +1,49 @@
 """BENCHMARKS.md and PNG plots from a suite run's JSON (``bench/results/bench-<data>.json``).
 
-    python -m bench.report [bench/results/bench-dev.json]
+    python -m bench.report [bench/results/bench-dev.json] [--out PATH] [--plots DIR]
+
+A full run's JSON in ``bench/results`` makes the root ``BENCHMARKS.md``; a quick or smoke
+run's makes ``bench-<data>-quick.md`` / ``-smoke.md`` beside it, and a JSON elsewhere
+``BENCHMARKS.md`` beside it (``--out`` chooses). Plots go beside the JSON (``--plots``).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
 
-from .common import RESULTS
+from .common import RESULTS, ROOT
+from .common import vs_limit as _vs
 
-ROOT = Path(__file__).resolve().parent.parent
 OUT_MD = ROOT / "BENCHMARKS.md"
+_WARNED: set[str] = set()
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _WARNED:
+        _WARNED.add(msg)
+        print(msg, file=sys.stderr, flush=True)
+
+
+def _tokens(n) -> str:
+    """955268 → "955k tokens", 24.8e6 → "24.8M tokens"."""
+    if not n:
+        return ""
+    n = int(n)
+    if n >= 1_000_000:
+        return f"{n / 1e6:.1f}M tokens"
+    return f"{n / 1e3:.0f}k tokens" if n >= 1000 else f"{n} tokens"
+
+
+def run_kind(res: dict, name: str = "") -> str | None:
+    """"smoke", "quick" or None (a full run)."""
+    if res.get("smoke") or name.endswith("-smoke"):
+        return "smoke"
+    if res.get("quick") or name.endswith("-quick"):
+        return "quick"
+    return None
 
 
 def _lat(steps: dict, retrieval: str, mode: str, k) -> dict | None:
@@ -32,10 +63,23 @@ def _ok(flag: bool | None) -> str:
     return "–" if flag is None else ("yes" if flag else "**no**")
 
 
-def _codec_em() -> dict | None:
-    """The trained-encoder codec check (``bench/codec_em.py``), when it has been run."""
-    path = RESULTS / "codec-em-dev-small.json"
-    return json.loads(path.read_text()) if path.exists() else None
+def _codec_em(data: str | None = None, results_dir: Path = RESULTS) -> dict | None:
+    """The last ``bench.codec_em`` run (its own run: its database, encoder and day), for
+    the report's codec section only, never for a verdict: ``codec-em-<data>.json``, else
+    the dev-small one, in ``results_dir`` then in ``bench/results``."""
+    names = [f"codec-em-{Path(data).name}.json"] if data else []
+    names.append("codec-em-dev-small.json")
+    for d in dict.fromkeys([results_dir, RESULTS]):
+        for n in names:
+            if (d / n).exists():
+                out = json.loads((d / n).read_text())
+                out["_path"] = str(d / n)
+                return out
+    return None
+
+
+def _run_encoder(res: dict) -> dict:
+    return (res.get("steps", {}).get("main") or {}).get("encoder") or {}
 
 
 def targets(res: dict) -> list[tuple[str, str, bool | None, str]]:
@@ -46,31 +90,34 @@ def targets(res: dict) -> list[tuple[str, str, bool | None, str]]:
     bd = lat.get("breakdown", {})
     d = _lat(st, "dense", "phrase", 1024)
     if d:
-        rows.append(("dense fill_mask k=1024 p50 ≤ 25 ms", f"{d['p50']:.1f} ms", d["p50"] <= 25,
-                     "median ms per operator: " + _stages(bd.get("dense"))))
-        rows.append(("dense fill_mask k=1024 p99 ≤ 60 ms", f"{d['p99']:.1f} ms", d["p99"] <= 60,
-                     "tail: see p99 per k below"))
+        rows.append(("dense fill_mask k=1024 p50 ≤ 25 ms", f"{_vs(d['p50'], 25)} ms",
+                     d["p50"] <= 25, "median ms per operator: " + _stages(bd.get("dense"))))
+        rows.append(("dense fill_mask k=1024 p99 ≤ 60 ms", f"{_vs(d['p99'], 60)} ms",
+                     d["p99"] <= 60, "tail: see p99 per k below"))
         fwd = (bd.get("dense") or {}).get("EncodeQuery")
         if fwd:  # the same process: a machine's speed cancels out
-            rows.append(("dense p50 (k=1024, 1M tokens) ≤ 2× one query-encoder forward",
-                         f"×{d['p50'] / fwd:.2f}", d["p50"] <= 2 * fwd,
+            size = _tokens(lat.get("stats", {}).get("tokens"))
+            rows.append((f"dense p50 (k=1024{', ' + size if size else ''}) ≤ 2× one "
+                         "query-encoder forward",
+                         f"×{_vs(d['p50'] / fwd, 2.0, 2)}", d["p50"] <= 2 * fwd,
                          f"p50 {d['p50']:.1f} ms; EncodeQuery (the forward, tokenizing "
                          f"included) {fwd:.1f} ms in the same process; the rest "
                          f"{d['p50'] - fwd:.1f} ms"))
     b = _lat(st, "bm25", "phrase", None)
     if b:
-        rows.append(("bm25 fill_mask p50 ≤ 15 ms", f"{b['p50']:.1f} ms", b["p50"] <= 15,
+        rows.append(("bm25 fill_mask p50 ≤ 15 ms", f"{_vs(b['p50'], 15)} ms", b["p50"] <= 15,
                      "median ms per operator: " + _stages(bd.get("bm25"))))
     ann = st.get("ann", {})
     if ann.get("recall"):
         dflt = [r for r in ann["recall"]["rows"] if r["default"] and r["k"] == 1024]
         if dflt:
             r = dflt[0]
-            rows.append(("ANN recall@1024 ≥ 0.98 (default settings)", f"{r['recall']:.4f}",
+            rows.append(("ANN recall@1024 ≥ 0.98 (default settings)", _vs(r["recall"], 0.98, 4),
                          r["recall"] >= 0.98, f"ef={r['ef']}, both searches {r['search_ms_p50']:.1f} ms"))
     if ann.get("em"):
         e = ann["em"]
-        rows.append(("ANN EM within 0.5 of exact", f"Δ {e['em_delta']:+.1f} EM "
+        sign = "+" if e["em_delta"] >= 0 else "-"
+        rows.append(("ANN EM within 0.5 of exact", f"Δ {sign}{_vs(abs(e['em_delta']), 0.5)} EM "
                      f"(top-1 agreement {e['top1_agreement']:.1f}%)", abs(e["em_delta"]) <= 0.5,
                      f"EM ANN {e['em_ann']:.1f} / exact {e['em_exact']:.1f} on {e['n']} queries"))
     if lat.get("open_ms"):
@@ -82,57 +129,69 @@ def targets(res: dict) -> list[tuple[str, str, bool | None, str]]:
         if c.get("open_ms") == c.get("open_ms") and "open_ms" in c:
             why += (f"In a new process the first open takes {c['open_ms']:.0f} ms: numpy, LMDB "
                     "and msgpack imports (the open itself is the warm figure)")
-        rows.append(("open ≤ 0.2 s whatever the corpus size", f"{o:.1f} ms", o <= 200, why))
+        rows.append(("open ≤ 0.2 s whatever the corpus size", f"{_vs(o, 200)} ms", o <= 200, why))
     ing = st.get("ingest", {})
     if "ratio" in ing:
         main = ing.get("stages_s") or st.get("main", {}).get("stages_s")
-        rows.append(("ingest ≥ 90% of the encoder-alone speed", f"{100 * ing['ratio']:.0f}%",
+        rows.append(("ingest ≥ 90% of the encoder-alone speed",
+                     f"{_vs(100 * ing['ratio'], 90, 0)}%",
                      ing["ratio"] >= 0.9, ("add, seconds per stage: " + _stages(main) +
                                            f"; the encoder alone: {ing['encoder_alone_s']:.1f}")
                      if main else ""))
     ivf = ing.get("ivf", {})
     if "ratio" in ivf:
         rows.append(("ingest into a trained ivf (int4) ≥ 85% of the encoder-alone speed",
-                     f"{100 * ivf['ratio']:.0f}%", ivf["ratio"] >= 0.85,
+                     f"{_vs(100 * ivf['ratio'], 85, 0)}%", ivf["ratio"] >= 0.85,
                      f"{ivf['add_tok_s']:.0f} tokens/s against {ivf['encoder_tok_s']:.0f}" +
                      (f"; add, seconds per stage: {_stages(ivf['stages_s'])}"
                       if ivf.get("stages_s") else "")))
-    cod = st.get("codecs", {}).get("codecs", {})
+    codec_step = st.get("codecs", {})
+    cod = codec_step.get("codecs", {})
     small = [(n, r) for n, r in cod.items() if r["bytes_per_vector"] <= r["dim"] / 4]
-    if small:
+    if small:  # decided by this run's own codec step, never by another run's file
         n, r = min(small, key=lambda nr: -nr[1]["em_delta"])
-        met, why = r["em_delta"] >= -1.0, ("EM of an untrained encoder is near 0: agreement "
-                                           "is the stricter check")
-        tr = (_codec_em() or {}).get("codecs", {}).get(n)
-        if tr and "em_delta" in tr:  # the trained encoder's EM loss decides
-            worst = min(tr["em_delta"].values())
-            met = worst >= -1.0
-            why = ("with a trained encoder (dev-small cloze): ΔEM " + ", ".join(
-                f"{m} {d:+.1f}" for m, d in tr["em_delta"].items()) + f" at {n}; untrained: " +
-                "agreement with float16 only")
+        ref = cod.get("float16", {}).get("em")
+        enc = _run_encoder(res).get("name")
+        on = (f"dense k={codec_step.get('k', 1024)}, {codec_step.get('queries', '?')} cloze "
+              f"queries" + (f", encoder {enc}" if enc else ""))
+        loss = -r["em_delta"]
+        if ref is not None and ref <= 0:  # nothing to lose: the EM loss is not measured
+            met = None
+            why = (f"not measured in this run: float16 EM is 0 ({on}), so no codec can lose "
+                   "EM; top-1 agreement with float16 is all this run says")
+        else:
+            met = r["em_delta"] >= -1.0
+            why = (f"this run's codec step: EM {ref:.1f} (float16) → {r['em']:.1f} ({n}); {on}"
+                   if ref is not None else f"this run's codec step; {on}")
+        measured = ("+" if loss <= 0 else "-") + _vs(abs(loss), 1.0)
         rows.append((f"a codec at ≤ dim/4 bytes per token losing ≤ 1 EM point",
-                     f"{n}: {r['bytes_per_vector']} B, ΔEM {r['em_delta']:+.1f}, top-1 agreement "
+                     f"{n}: {r['bytes_per_vector']} B, ΔEM {measured}, top-1 agreement "
                      f"{r['top1_agreement']:.1f}%", met, why))
     peer = st.get("peers", {})
     if "ratio_p50" in peer:
-        rows.append(("≥ 5× faster than LanceDB at equal answers", f"×{peer['ratio_p50']:.1f} "
+        rows.append(("≥ 5× faster than LanceDB at equal answers",
+                     f"×{_vs(peer['ratio_p50'], 5)} "
                      f"(answers agree {peer['agree_ann']:.0f}% ANN, {peer['agree_exact']:.0f}% exact)",
                      peer["ratio_p50"] >= 5, f"LanceDB p50 {peer['lance']['p50']:.0f} ms"))
     gr = st.get("growth", {})
     if "dense_p50_ratio" in gr:
         rows.append((f"10× more corpus costs ≤ 2× dense p50",
-                     f"{gr['corpus_ratio']:.1f}× corpus → ×{gr['dense_p50_ratio']:.2f}",
+                     f"{gr['corpus_ratio']:.1f}× corpus → "
+                     f"×{_vs(gr['dense_p50_ratio'], 2.0, 2)}",
                      gr["dense_p50_ratio"] <= 2.0,
                      "largest: " + _stages(gr["rows"][-1]["dense_stages"])))
     return rows
 
 
-def render(res: dict, plots: dict[str, str]) -> str:
+def render(res: dict, plots: dict[str, str], results_dir: Path = RESULTS) -> str:
     st = res["steps"]
     m = res["machine"]
+    kind = {"smoke": " (**smoke run**: a few queries a step, proves the code runs; its "
+                     "numbers mean nothing)",
+            "quick": " (quick run: fewer queries, k and codecs)"}.get(run_kind(res), "")
     lines = ["# npmdb benchmarks", "",
              "Generated by `python -m bench` (`bench/report.py`); do not edit by hand. "
-             f"Data: `{res['data']}`{' (quick run)' if res.get('quick') else ''}; "
+             f"Data: `{res['data']}`{kind}; "
              f"{m['cpus']} CPUs, Python {m['python']}, {m['time']}; last run "
              f"{res.get('total_s', 0) / 60:.1f} min. All numbers are medians (p50) or ratios; "
              "each step's numbers come from one run of that step, and every ratio compares "
@@ -204,11 +263,18 @@ def render(res: dict, plots: dict[str, str]) -> str:
         lines += ["", "## Vector codecs", "", cod_render(cod).rstrip()]
         if "bytes_vs_em" in plots:
             lines += ["", f"![bytes per token against answers]({plots['bytes_vs_em']})"]
-    trained = _codec_em()
+    trained = _codec_em(res.get("data"), results_dir)
     if trained:
         from .codec_em import render as em_render
-        lines += ["", "With a trained encoder (`python -m bench.codec_em --db demo.npmdb` after "
-                  "`npmdb train demo.npmdb --preset demo`; its own run):", "",
+        enc = _run_encoder(res)
+        same = bool(enc.get("fingerprint")) and trained.get("fingerprint") == enc["fingerprint"]
+        when = (trained.get("machine") or {}).get("time", "?")
+        lines += ["", f"`python -m bench.codec_em` (`{Path(trained['_path']).name}`), its own "
+                  f"run of {when} on `{trained.get('db', '?')}` with the encoder "
+                  f"`{trained.get('encoder', '?')}`, over `{trained.get('data', '?')}`: "
+                  + ("the same encoder as this run's" if same else
+                     "another run and encoder than this one's; the codec target above is "
+                     "decided by this run's codec step alone") + ":", "",
                   em_render(trained).rstrip().split("\n", 2)[2]]
     peer = st.get("peers", {})
     if "lance" in peer:
@@ -289,7 +355,9 @@ def make_plots(res: dict, prefix: str, results_dir: Path = RESULTS) -> dict[str,
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except ImportError:  # pragma: no cover - the bench extra installs it
+    except ImportError:  # the bench extra installs it
+        _warn_once("plots skipped: matplotlib is not installed (pip install -e '.[bench]', "
+                   "which `make bench` does)")
         return {}
     st = res["steps"]
     out: dict[str, str] = {}
@@ -360,22 +428,61 @@ def _save(fig, path: Path) -> str:
         return str(path)
 
 
+def report_path(res: dict, name: str, results_dir: Path = RESULTS) -> Path:
+    """Where a run's markdown goes unless told: the root BENCHMARKS.md for a full run
+    whose results are ``bench/results``; ``<name>.md`` beside them for a quick or smoke
+    run (never the tracked report); ``results_dir/BENCHMARKS.md`` for results elsewhere
+    (a test's temporary directory)."""
+    if results_dir.resolve() != RESULTS.resolve():
+        return results_dir / "BENCHMARKS.md"
+    return results_dir / f"{name}.md" if run_kind(res, name) else OUT_MD
+
+
+def write_report(res: dict, name: str, md_path: Path | None = None,
+                 results_dir: Path = RESULTS) -> tuple[Path, dict[str, str]]:
+    """Plots into ``results_dir``, the markdown to ``md_path`` (default
+    :func:`report_path`); returns the markdown's path and the plots written."""
+    import os
+
+    md_path = report_path(res, name, results_dir) if md_path is None else md_path
+    plots = make_plots(res, name, results_dir)
+    md_path.parent.mkdir(parents=True, exist_ok=True)
+    plots = {k: os.path.relpath(ROOT / v, md_path.parent.resolve())  # links from the report
+             for k, v in plots.items()}
+    md_path.write_text(render(res, plots, results_dir))
+    return md_path, plots
+
+
 def write(res: dict, name: str, md_path: Path | None = None,
           results_dir: Path = RESULTS) -> Path:
-    """Plots into ``results_dir``; BENCHMARKS.md at the root (or next to the results when
-    they are elsewhere, e.g. a test's temporary directory)."""
-    if md_path is None:
-        md_path = OUT_MD if results_dir.resolve() == RESULTS.resolve() else results_dir / "BENCHMARKS.md"
-    plots = make_plots(res, name, results_dir)
-    md_path.write_text(render(res, plots))
-    return md_path
+    """:func:`write_report`, the markdown's path only."""
+    return write_report(res, name, md_path, results_dir)[0]
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    path = Path(argv[0]) if argv else RESULTS / "bench-dev.json"
-    res = json.loads(path.read_text())
-    print(write(res, path.stem))
+    ap = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("json", type=Path, nargs="?", default=RESULTS / "bench-dev.json",
+                    help="a suite run's results (default: %(default)s)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="the markdown report (default: BENCHMARKS.md for a full run in "
+                         "bench/results, <name>.md beside a quick or smoke run's JSON, "
+                         "BENCHMARKS.md beside a JSON elsewhere)")
+    ap.add_argument("--plots", type=Path, default=None,
+                    help="where the PNG plots go (default: beside the JSON)")
+    args = ap.parse_args(argv)
+    if not args.json.is_file():
+        ap.error(f"no results file {args.json}: give a suite run's JSON "
+                 "(python -m bench writes bench/results/bench-<data>.json)")
+    try:
+        res = json.loads(args.json.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        ap.error(f"{args.json} is not JSON: {exc}")
+    if not isinstance(res, dict) or "steps" not in res or "machine" not in res:
+        ap.error(f"{args.json} is not a suite run's results (no steps / machine)")
+    md_path = args.out or report_path(res, args.json.stem, args.json.parent)
+    md, plots = write_report(res, args.json.stem, md_path, args.plots or args.json.parent)
+    print(md)
     return 0
 
 

@@ -58,6 +58,8 @@ def test_bench_suite_smoke(tiny_data, tiny_encoder, tmp_path):
     md = (tmp_path / "results" / "BENCHMARKS.md").read_text()
     assert "## Targets" in md and "| dense | phrase | 8 |" in md
     assert "## Vector codecs" in md and "## Growth with corpus size" in md
+    assert "**smoke run**" in md  # the report says what it was
+    assert steps["main"]["encoder"]["fingerprint"]  # what the codec verdict was measured with
 
 
 def test_replay_and_corpus_size_scale_step(tiny_data, tiny_encoder, tmp_path, sample_corpus):
@@ -212,3 +214,175 @@ def test_bm25_segments_bench_step(tiny_data, tiny_encoder, tmp_path, sample_corp
     # the same scores (documents tied at the cut may differ: block order breaks ties)
     assert all(r["agree"] == 8 for r in out["layouts"].values())
     assert "| 16 | 16 | " in render(out) and " | 8 / 8 | " in render(out)
+
+
+# -- command lines and report rules (no database built) -----------------------------------
+
+
+def test_report_help_exits_0():
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, "-m", "bench.report", "--help"], cwd=root,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "usage: python -m bench.report" in r.stdout and "--out" in r.stdout
+
+
+def test_report_refuses_a_missing_results_file(tmp_path, capsys):
+    from bench.report import main
+
+    with pytest.raises(SystemExit) as exc:
+        main([str(tmp_path / "nothing.json")])
+    assert exc.value.code == 2
+    assert "no results file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("module, argv", [
+    ("bench.replay", ["--src", "{tmp}/src", "--dst", "{tmp}/dst", "--tokens", "1000"]),
+    ("bench.corpus_size", ["{tmp}/src"]),
+    ("bench.probes", ["{tmp}/src"]),
+    ("bench.compact_em", ["--ref", "{tmp}/src"]),
+])
+def test_missing_data_stops_before_any_work(module, argv, tmp_path, capsys, monkeypatch):
+    """A ``--data`` without cloze.jsonl stops at once (exit 2, what to pass), before the
+    replay's build or any database is opened."""
+    import importlib
+
+    import npmdb
+
+    opened = []
+    monkeypatch.setattr(npmdb, "open", lambda *a, **k: opened.append(a) or 1 / 0)
+    mod = importlib.import_module(module)
+    args = [a.format(tmp=tmp_path) for a in argv] + ["--data", str(tmp_path / "no-data")]
+    with pytest.raises(SystemExit) as exc:
+        mod.main(args)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "no cloze.jsonl in" in err and "pass --data DIR" in err
+    assert "npmdb/data/dev-small" in err
+    assert not opened and not (tmp_path / "dst").exists()
+
+
+def test_dev_data_default_is_found_from_the_repository():
+    from bench import common
+
+    root = Path(__file__).resolve().parent.parent
+    assert common.DEV_DATA.is_absolute()
+    assert common.DEV_DATA == root.parent / "shared" / "data" / "dev"
+    assert (common.SMALL_DATA / "cloze.jsonl").is_file()
+
+
+def test_quick_and_smoke_reports_never_replace_benchmarks_md(tmp_path):
+    from bench.common import RESULTS
+    from bench.report import OUT_MD, report_path
+
+    full = {"quick": False, "smoke": False}
+    assert report_path(full, "bench-dev", RESULTS) == OUT_MD
+    assert report_path({"quick": True}, "bench-dev-small-quick", RESULTS) == \
+        RESULTS / "bench-dev-small-quick.md"
+    assert report_path({"quick": False, "smoke": True}, "bench-dev-small-smoke", RESULTS) == \
+        RESULTS / "bench-dev-small-smoke.md"
+    assert report_path({}, "bench-x-smoke", RESULTS) != OUT_MD  # an older JSON: by its name
+    assert report_path(full, "bench-dev", tmp_path) == tmp_path / "BENCHMARKS.md"
+
+
+def _codec_res(float16_em: float, pq_em: float) -> dict:
+    row = lambda em, b: {"bytes_per_vector": b, "dim": 384, "em": em,  # noqa: E731
+                         "em_delta": em - float16_em, "top1_agreement": 78.4,
+                         "vector_bytes_per_token": b, "total_bytes_per_token": b + 1000,
+                         "score_ms": 3.0}
+    return {"data": "npmdb/data/dev-small", "machine": {"cpus": 2, "python": "3", "time": "t"},
+            "steps": {"main": {"encoder": {"name": "enc", "fingerprint": "f" * 64}},
+                      "codecs": {"k": 1024, "queries": 365,
+                                 "index_bytes_per_token": {"hnsw": 1000, "bm25": 5},
+                                 "codecs": {"float16": row(float16_em, 768),
+                                            "pq": row(pq_em, 96)}}},
+            "errors": {}, "total_s": 1.0}
+
+
+def test_codec_target_is_decided_by_this_runs_codec_step():
+    """Not by the committed codec_em file (another day, another encoder)."""
+    from bench.report import render, targets
+
+    (row,) = [r for r in targets(_codec_res(12.3, 10.1)) if r[0].startswith("a codec")]
+    assert row[2] is False and "ΔEM -2.2" in row[1]
+    assert "this run's codec step" in row[3] and "365 cloze queries" in row[3]
+    assert "untrained" not in row[3]
+    (row,) = [r for r in targets(_codec_res(12.3, 11.8)) if r[0].startswith("a codec")]
+    assert row[2] is True
+    (row,) = [r for r in targets(_codec_res(0.0, 0.0)) if r[0].startswith("a codec")]
+    assert row[2] is None and "not measured in this run" in row[3]
+    md = render(_codec_res(12.3, 10.1), {})
+    assert "| a codec at ≤ dim/4 bytes per token losing ≤ 1 EM point |" in md
+    if "bench.codec_em" in md:  # the committed own run is shown as such, not as a verdict
+        assert "decided by this run's codec step alone" in md
+
+
+def test_figures_agree_with_their_verdicts():
+    from bench.common import vs_limit
+    from bench.report import targets
+    from bench.serve_load import render
+
+    assert vs_limit(84.67, 85, 0) == "84.7" and vs_limit(86.2, 85, 0) == "86"
+    assert vs_limit(1.304, 1.3, 2) == "1.304" and vs_limit(1.296, 1.3, 2) == "1.296"
+    assert vs_limit(1.25, 1.3, 2) == "1.25" and vs_limit(1.3, 1.3, 2) == "1.30"
+    res = {"data": "x", "machine": {}, "errors": {},
+           "steps": {"ingest": {"ivf": {"ratio": 0.8467, "add_tok_s": 1.0,
+                                        "encoder_tok_s": 1.0}},
+                     "latency": {"stats": {"tokens": 200762},
+                                 "breakdown": {"dense": {"EncodeQuery": 10.0}},
+                                 "latency": [{"retrieval": "dense", "mode": "phrase",
+                                              "k": 1024, "p50": 20.01, "p99": 30.0}]}}}
+    rows = {r[0]: r for r in targets(res)}
+    ivf = rows["ingest into a trained ivf (int4) ≥ 85% of the encoder-alone speed"]
+    assert ivf[1] == "84.7%" and ivf[2] is False
+    assert "dense p50 (k=1024, 201k tokens) ≤ 2× one query-encoder forward" in rows
+    assert rows["dense p50 (k=1024, 201k tokens) ≤ 2× one query-encoder forward"][1] == \
+        "×2.001"
+    run = {"p50": 10.0, "p99": 20.0, "errors": 0, "rps": 5.0}
+    md = render({"clients": 2, "docs": 1, "tokens": 1, "db": "d", "queries": 1, "seconds": 3,
+                 "machine": {"cpus": 2, "time": "t"}, "target": 1.3, "errors": 0,
+                 "modes": {"bm25": {"in_process_1": run, "api_1": run, "ratio_1": 1.304,
+                                    "in_process_c": run, "api_c": run, "ratio_c": 1.0}}})
+    assert "×1.304 (over 1.3×)" in md and "×1.00 |" in md
+
+
+def test_short_serve_load_runs_do_not_replace_the_cited_results():
+    from bench.serve_load import NAME, result_name
+
+    assert result_name(20.0, 4, ["bm25", "dense"]) == NAME
+    assert result_name(3.0, 2, ["bm25"]) == "serve_load-bm25-2c-3s"
+    assert result_name(20.0, 4, ["bm25"]) != NAME
+    assert result_name(10.0, 4, ["bm25", "dense"]) != NAME
+    assert result_name(3.0, 2, ["bm25"], "mine") == "mine"
+
+
+def test_plots_without_matplotlib_are_reported_once(tmp_path, capsys, monkeypatch):
+    from bench import report
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib: ImportError
+    monkeypatch.setattr(report, "_WARNED", set())
+    res = {"data": "x", "quick": True, "machine": {"cpus": 2, "python": "3", "time": "t"},
+           "steps": {"latency": {"latency": [{"retrieval": "dense", "mode": "phrase", "k": 8,
+                                              "p50": 1.0, "p99": 2.0}],
+                                 "open_ms": {"p50": 0.3}}},
+           "errors": {}, "total_s": 1.0}
+    for _ in range(2):
+        md, plots = report.write_report(res, "bench-x-quick", results_dir=tmp_path)
+        assert plots == {} and md == tmp_path / "BENCHMARKS.md"
+    assert capsys.readouterr().err.count("matplotlib is not installed") == 1
+
+
+def test_main_database_build_prints_progress_lines_to_a_log(tiny_data, tiny_encoder, tmp_path,
+                                                           capsys):
+    """Where stderr is not a terminal (a log, ``| tee``), the build still reports its
+    stages as lines."""
+    from bench.__main__ import ensure_main_db
+
+    info: dict = {}
+    ensure_main_db(tiny_data, tmp_path / "work", info, encoder=str(tiny_encoder))
+    err = capsys.readouterr().err
+    assert "building the main database" in err
+    assert "tokenize: " in err and "encode: " in err and " tok in " in err
+    assert "\r" not in err and info["encoder"]["fingerprint"]

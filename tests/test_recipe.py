@@ -55,6 +55,61 @@ def test_missing_package_is_a_clear_error(tmp_path):
         list(sources.read_wordnet(tmp_path))
 
 
+def _no_packages(monkeypatch, root):
+    """The readers' package directories pointed at ``root`` (empty unless filled)."""
+    for name, sub in (("DICTD", "dictd"), ("WORDNET", "wordnet"), ("FORTUNES", "fortunes")):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+        monkeypatch.setattr(sources, name, root / sub)
+    return root
+
+
+def test_missing_packages_are_named_at_once(tmp_path, monkeypatch):
+    """Every package the corpus stage reads, in one message, whatever this machine has."""
+    root = _no_packages(monkeypatch, tmp_path / "usr")
+    missing = recipe.missing_packages()
+    assert missing[:6] == ["wordnet-base", "dict-gcide", "dict-foldoc", "dict-jargon",
+                           "dict-devil", "fortunes"]
+    assert "dict-freedict-deu-eng" in missing and "dict-freedict-eng-swe" in missing
+    assert "dict-freedict-ara-eng" in missing and "dict-freedict-eng-jpn" in missing
+    assert len(missing) == len(set(missing)) == 24  # the Makefile's ENCODER_PACKAGES
+    for pos in ("noun", "verb", "adj", "adv"):
+        (root / "wordnet" / f"data.{pos}").write_text("")
+    write_dictd(root / "dictd", "gcide", [("a", "b")])
+    (root / "fortunes" / "wisdom").write_text("x\n")
+    left = recipe.missing_packages()
+    assert "wordnet-base" not in left and "dict-gcide" not in left and "fortunes" not in left
+    assert len(left) == 21
+    with pytest.raises(OperationalError, match="make encoder-packages"):
+        recipe.check_packages()
+
+
+def test_recipe_cli_errors_are_messages_with_exit_2(tmp_path, monkeypatch, capsys):
+    """Missing packages (all named), a stage run before the one whose output it reads:
+    a message and exit status 2, no traceback, nothing built."""
+    _no_packages(monkeypatch, tmp_path / "usr")
+    out = tmp_path / "recipe"
+    assert recipe.main(["--out", str(out), "--stage", "corpus", "--scale", "0.01"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "make encoder-packages" in err
+    assert "wordnet-base" in err and "dict-freedict-ara-eng" in err and "24 of them" in err
+    assert not (out / "corpus.jsonl.gz").exists()
+    for stage in ("ingest", "train"):
+        assert recipe.main(["--out", str(out), "--stage", stage]) == 2
+        err = capsys.readouterr().err
+        assert "corpus.jsonl.gz is missing" in err and "--stage corpus` first" in err
+        assert "Traceback" not in err and not (out / "db").exists()
+    assert recipe.main(["--out", str(out), "--stage", "focus"]) == 2
+    assert "run --stage train first" in capsys.readouterr().err
+    assert recipe.main(["--out", str(out), "--stage", "extend", "--extend-from",
+                        str(tmp_path)]) == 2
+    assert "focus.jsonl.gz is missing" in capsys.readouterr().err
+    assert recipe.main(["--out", str(out), "--stage", "export",
+                        "--export-to", str(tmp_path / "shipped")]) == 2
+    err = capsys.readouterr().err
+    assert "report.json is missing" in err and "--stage train" in err
+    assert not (tmp_path / "shipped").exists()
+
+
 def test_read_wordnet_in_the_sample_corpus_form(tmp_path):
     (tmp_path / "data.noun").write_text(
         "  1 licence header line\n"
@@ -112,7 +167,7 @@ def test_sample_corpus_pairs_occur_in_two_blocks_of_the_training_corpus(sample_c
 
 
 def test_train_focus_and_export_stages_ship_a_loadable_fp16_checkpoint(
-        tiny_encoder, sample_corpus, tmp_path):
+        tiny_encoder, sample_corpus, tmp_path, capsys):
     """The recipe's stages after ``corpus`` (which reads Debian packages) on hand-made
     corpora: the general stage from a base, the focus stage from its checkpoint, the
     export of the focused one with both stages recorded."""
@@ -125,8 +180,11 @@ def test_train_focus_and_export_stages_ship_a_loadable_fp16_checkpoint(
     target = tmp_path / "shipped"
     assert recipe.main(["--out", str(out), "--stage", "train", "--base", str(tiny_encoder),
                         "--steps", "2"]) == 0
-    with pytest.raises(ProgrammingError, match="report-focus.json is missing"):
-        recipe.main(["--out", str(out), "--stage", "export", "--export-to", str(target)])
+    capsys.readouterr()
+    assert recipe.main(["--out", str(out), "--stage", "export", "--export-to", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert "report-focus.json is missing" in err and "--stage focus" in err
+    assert "Traceback" not in err and not target.exists()
     assert recipe.main(["--out", str(out), "--stage", "focus", "--focus-steps", "3"]) == 0
     assert recipe.main(["--out", str(out), "--stage", "export",
                         "--export-to", str(target)]) == 0
@@ -144,7 +202,7 @@ def test_train_focus_and_export_stages_ship_a_loadable_fp16_checkpoint(
 
 
 def test_extend_stage_continues_from_the_focused_checkpoint_and_is_exported(
-        tiny_encoder, sample_corpus, tmp_path, monkeypatch):
+        tiny_encoder, sample_corpus, tmp_path, monkeypatch, capsys):
     """The GPU stage (run here on the CPU, a few steps): over the focus corpus joined with
     the general one (a document in both once), from the focused checkpoint; the export
     records three stages and keeps the default it replaces; a new focus stage drops the
@@ -203,9 +261,10 @@ def test_extend_stage_continues_from_the_focused_checkpoint_and_is_exported(
     broken = tmp_path / "broken"
     shutil.copytree(target, broken)
     (broken / "recipe.json").write_text("{not json")
-    with pytest.raises(ProgrammingError, match="not a recipe.json that npmdb wrote"):
-        recipe.main(["--out", str(out), "--stage", "extend", "--extend-from", str(broken),
-                     "--extend-steps", "2", "--extend-batch", "4"])
+    capsys.readouterr()
+    assert recipe.main(["--out", str(out), "--stage", "extend", "--extend-from", str(broken),
+                        "--extend-steps", "2", "--extend-batch", "4"]) == 2
+    assert "not a recipe.json that npmdb wrote" in capsys.readouterr().err
     assert (out / "report-extend.json").exists()  # the refused run kept the last extension
     # a new focused checkpoint makes the extension stale: it is dropped
     assert recipe.main(["--out", str(out), "--stage", "focus", "--focus-steps", "2"]) == 0

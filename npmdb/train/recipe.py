@@ -24,6 +24,10 @@ runnable alone::
     python -m npmdb.train.recipe --out build/encoder                 # everything
     python -m npmdb.train.recipe --out build/encoder --stage corpus  # one stage
 
+The corpus stage reads Debian packages (``make encoder-packages`` installs them; it checks
+for all of them before it starts); the later stages read what the earlier ones wrote in
+``--out``. A missing input stops the run with a message and exit status 2.
+
 The export is what ``npmdb.encoder.default_encoder_path()`` loads; ``recipe.json`` records
 its fingerprint, which the test suite checks.
 """
@@ -42,11 +46,11 @@ from pathlib import Path
 from typing import Any
 
 from npmdb.encoder import SHIPPED_NAME
-from npmdb.errors import ProgrammingError
+from npmdb.errors import Error, OperationalError, ProgrammingError
 
 __all__ = ["RECIPE", "FOCUS", "EXTEND", "SHIPPED_NAME", "build_corpus", "build_focus_corpus",
-           "extend_corpus", "ingest", "focus_db", "extend_db", "training_db_options",
-           "run_training", "export", "main"]
+           "missing_packages", "check_packages", "extend_corpus", "ingest", "focus_db",
+           "extend_db", "training_db_options", "run_training", "export", "main"]
 
 STAGES = ("corpus", "ingest", "train", "focus", "extend", "export")
 
@@ -70,6 +74,53 @@ FOCUS: dict[str, Any] = dict(RECIPE, steps=500)
 # (bench/results/encoder-recipe-dev-small.md measures it against the focused checkpoint).
 EXTEND: dict[str, Any] = dict(FOCUS, steps=700, batch_blocks=256)
 EXTEND_CORPORA = ("focus", "all")
+
+
+def missing_packages() -> list[str]:
+    """The Debian packages of :data:`npmdb.train.sources.SOURCES` whose files are not
+    installed (``make encoder-packages`` installs them all), in the Makefile's order."""
+    from . import sources
+
+    def dictd(name: str) -> bool:
+        return all((sources.DICTD / f"{name}{ext}").is_file() for ext in (".index", ".dict.dz"))
+
+    want: list[tuple[str, bool]] = [
+        ("wordnet-base", all((sources.WORDNET / f"data.{pos}").is_file()
+                             for pos in ("noun", "verb", "adj", "adv")))]
+    want += [(f"dict-{n}", dictd(n)) for n in ("gcide", "foldoc", "jargon", "devil")]
+    # the full fortunes package (fortunes-min has only the file "fortunes")
+    want.append(("fortunes", any((sources.FORTUNES / f).is_file()
+                                 for f in sources.FORTUNE_FILES if f != "fortunes")))
+    for lang in sources.FREEDICT_LANGS:
+        want += [(f"dict-freedict-{lang}-eng", dictd(f"freedict-{lang}-eng")),
+                 (f"dict-freedict-eng-{lang}", dictd(f"freedict-eng-{lang}"))]
+    for _, eng_first, foreign_first in sources.SCRIPT_LANGS.values():
+        want += [(f"dict-{n}", dictd(n)) for n in eng_first + foreign_first]
+    return list(dict.fromkeys(pkg for pkg, ok in want if not ok))
+
+
+def check_packages() -> None:
+    """OperationalError naming every missing package at once (the corpus stage's first
+    step, so that a missing one does not cost a run per package)."""
+    missing = missing_packages()
+    if missing:
+        raise OperationalError(
+            f"the corpus stage reads text from Debian packages, and {len(missing)} of them "
+            f"are not installed: {' '.join(missing)}. Run `make encoder-packages` (as root; "
+            f"or apt-get install {' '.join(missing)})")
+
+
+def _need(out: Path, stage: str, *names: str) -> None:
+    """ProgrammingError unless the corpus stage's outputs ``names`` are in ``out``."""
+    missing = [n for n in names if not (out / n).exists()]
+    if missing:
+        raise ProgrammingError(
+            f"{out / missing[0]} is missing: the {stage} stage reads the corpus stage's "
+            f"output; run `python -m npmdb.train.recipe --out {out} --stage corpus` first")
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
 
 
 def _write_jsonl(path: Path, docs: list[dict]) -> None:
@@ -102,7 +153,16 @@ def build_corpus(out: Path, *, scale: float = 1.0, seed: int = 13,
     manifest of both); return the manifest."""
     from . import sources
 
+    check_packages()
+    if wikipedia is not None and not Path(wikipedia).is_file():
+        raise OperationalError(f"{wikipedia} is missing: `pip download --no-deps gensim` "
+                               "fetches the wheel whose Wikipedia sample --wikipedia reads")
+    t0 = time.perf_counter()
+    _say(f"corpus: reading the sample corpus and the packaged sources "
+         f"({', '.join(s.name for s in sources.SOURCES)}) …")
     docs, manifest = sources.build(_sample_docs(), seed=seed, scale=scale)
+    _say(f"corpus: {len(docs):,} documents in {time.perf_counter() - t0:.0f} s; "
+         f"writing {out / 'corpus.jsonl.gz'} …")
     reviews = _reviews(scale)
     docs.extend(reviews)
     manifest["sources"]["reviews"] = {"documents": len(reviews),
@@ -111,6 +171,8 @@ def build_corpus(out: Path, *, scale: float = 1.0, seed: int = 13,
     manifest["documents"] = len(docs)
     manifest["words"] += sum(len(r["text"].split()) for r in reviews)
     _write_jsonl(out / "corpus.jsonl.gz", docs)
+    _say("corpus: the focus corpus" + (f" (with Wikipedia from {wikipedia})" if wikipedia
+                                       else "") + " …")
     manifest["focus"] = build_focus_corpus(out, scale=scale, wikipedia=wikipedia)
     (out / "corpus.json").write_text(json.dumps(manifest, indent=1))
     print(f"corpus: {manifest['documents']:,} documents, {manifest['words']:,} words "
@@ -341,9 +403,10 @@ def _keep_previous(target: Path, fingerprint: str) -> None:
         print(f"kept the previous default encoder as {kept}", file=sys.stderr)
 
 
-def _report(path: Path) -> dict:
+def _report(path: Path, stage: str = "") -> dict:
     if not path.exists():
-        raise ProgrammingError(f"{path} is missing: run the stage that writes it first")
+        raise ProgrammingError(f"{path} is missing: run the stage that writes it first"
+                               + (f" (--stage {stage})" if stage else ""))
     return json.loads(path.read_text())
 
 
@@ -388,17 +451,31 @@ def main(argv: list[str] | None = None) -> int:
         args.extend_option = parse_assignments(args.extend_option, "--extend-option")
     except ValueError as exc:
         ap.error(str(exc))
+    try:
+        return _run(args)
+    except Error as exc:  # a missing package, input or stage: the message, no traceback
+        print(f"npmdb.train.recipe: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
     run = _stages(args.stage, args.extend)
     out = args.out
     if "corpus" in run:
         build_corpus(out, scale=args.scale, wikipedia=args.wikipedia)
-    manifest = json.loads((out / "corpus.json").read_text())
     kw = dict(threads=args.threads, refresh_every=args.refresh_every)
     if "ingest" in run or "train" in run:
+        if not (out / "db").exists():
+            _need(out, "ingest" if args.stage == "ingest" else "train", "corpus.jsonl.gz")
         with ingest(out, base=args.base) as db:
             if "train" in run:
                 _train_stage(db, out / "report.json", steps=args.steps, **kw)
     if "focus" in run:
+        if not (out / "db").exists():
+            raise ProgrammingError(f"{out / 'db'} is missing: the focus stage starts from the "
+                                   "general stage's checkpoint; run --stage train first")
+        if not (out / "focus-db").exists():
+            _need(out, "focus", "focus.jsonl.gz")
         _drop_extend(out)  # built on an older focused checkpoint
         with ingest(out) as db:
             start = head_checkpoint(db)
@@ -406,13 +483,17 @@ def main(argv: list[str] | None = None) -> int:
             _train_stage(fdb, out / "report-focus.json", recipe=FOCUS,
                          steps=args.focus_steps, **kw)
     if "extend" in run:
+        _need(out, "extend", "focus.jsonl.gz",
+              *(["corpus.jsonl.gz"] if args.extend_corpus == "all" else []))
         _extend_stage(out, args, **kw)
     if "export" in run:
-        reports = {"general": _report(out / "report.json"),
-                   "focus": _report(out / "report-focus.json")}
+        reports = {"general": _report(out / "report.json", "train"),
+                   "focus": _report(out / "report-focus.json", "focus")}
         extended = (out / "report-extend.json").exists()
         if extended:
-            reports["extend"] = _report(out / "report-extend.json")
+            reports["extend"] = _report(out / "report-extend.json", "extend")
+        _need(out, "export", "corpus.json")  # the manifest recipe.json records
+        manifest = json.loads((out / "corpus.json").read_text())
         with (extend_db(out) if extended else focus_db(out)) as db:
             export(db, args.export_to, reports=reports, manifest=manifest)
     return 0
