@@ -21,6 +21,7 @@ import os
 import re
 import sys
 import threading
+import signal
 import time
 import unicodedata
 from pathlib import Path
@@ -453,6 +454,11 @@ class Shell:
 
     def run_interactive(self) -> int:
         """The prompt, with readline history and completion where readline exists."""
+        # Ctrl-C cancels a statement (as in sqlite3) even where the shell was started with
+        # SIGINT ignored (a parent that ignores it passes that on, and Python then installs
+        # no handler of its own)
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         rl = _setup_readline()
         self.echo(f"npmdb shell on {self.db.path} — .help for commands, .quit to leave")
         buf = ""

@@ -251,8 +251,13 @@ def test_terminal_ctrl_c_cancels_the_statement_and_ctrl_d_runs_the_unfinished_on
         versioned_db_path, tmp_path):
     pexpect = pytest.importorskip("pexpect")
     env = dict(os.environ, NPMDB_HISTORY=str(tmp_path / "history"), TERM="xterm")
+    import signal
+
+    # started with SIGINT ignored, as a parent that ignores it leaves it (a full test run
+    # did): the prompt still takes Ctrl-C
     child = pexpect.spawn(sys.executable, ["-m", "npmdb", "shell", str(versioned_db_path)],
-                          env=env, encoding="utf-8", timeout=120, dimensions=(40, 200))
+                          env=env, encoding="utf-8", timeout=120, dimensions=(40, 200),
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     child.expect_exact("npmdb> ")
     # the first query waits for the encoder the prompt loads in the background (seconds
     # of torch); Ctrl-C then cancels it and the session goes on
