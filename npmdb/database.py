@@ -463,7 +463,6 @@ class Database(Versioning):
         """The live document ``doc_id`` as a dict, or None (also in an empty database)."""
         if not isinstance(doc_id, str):
             raise ProgrammingError(f"document ids are strings, got {doc_id!r}")
-        check_ref(version)
         if version is None and self.version is None:
             return None
         with self.snapshot(version) as snap:
@@ -477,7 +476,6 @@ class Database(Versioning):
     def documents(self, *, version: int | str | None = None) -> Iterator[dict[str, Any]]:
         """Every live document at ``version``, in insertion order (none in an empty
         database)."""
-        check_ref(version)
         if version is None and self.version is None:
             return
         with self.snapshot(version) as snap:
@@ -556,31 +554,10 @@ class Database(Versioning):
         The model must be a copy of the database's encoder: the same hidden size, a
         vocabulary that holds the stored token ids, room for a block. Every argument is
         checked before anything is encoded; nothing is written when one is refused."""
-        if timeout is not None and (isinstance(timeout, bool)
-                                    or not isinstance(timeout, (int, float)) or timeout < 0):
-            raise ProgrammingError(f"timeout must be a number of seconds >= 0, got "
-                                   f"{timeout!r}")
-        V.check_message(message)
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise ProgrammingError(f"steps (the training steps behind the model, recorded "
-                                   f"with it) must be an integer >= 0, got {steps!r}")
-        if info is not None:
-            if not isinstance(info, Mapping):
-                raise ProgrammingError(f"info must be a dict of what to record with the "
-                                       f"generation, got {type(info).__name__}")
-            try:
-                F.pack(dict(info))
-            except Exception as exc:  # noqa: BLE001 - msgpack raises several kinds
-                raise ProgrammingError(f"info cannot be stored: {exc} (use str, numbers, "
-                                       "lists and dicts)") from None
-        if tag is not None:
-            check_text(tag, "the tag name")
-            V.check_tag_name(tag)
-        if not isinstance(move, bool):
-            raise ProgrammingError(f"move must be True or False, got {move!r}")
-        from .generations import check_model_type, reembed
+        from .generations import check_request, reembed
 
-        check_model_type(model)
+        check_request(model, steps=steps, tag=tag, message=message, info=info,
+                      timeout=timeout, move=move)
 
         runner = None
         if not (isinstance(engine, str) and engine == "local"):

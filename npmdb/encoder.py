@@ -170,6 +170,11 @@ VOCABULARY_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model",
                     "tokenizer.model")
 
 
+def has_tokenizer(path: Path) -> bool:
+    """Whether the model directory ``path`` holds a vocabulary to read text with."""
+    return any((path / v).exists() for v in VOCABULARY_FILES)
+
+
 def fingerprint_tokenizer(path: Path) -> str:
     """sha256 over the tokenizer files of a model directory: the same weights read through
     another vocabulary or casing give other token ids, and vectors of another text."""
@@ -203,7 +208,7 @@ def _resolve_path(path: str | os.PathLike | None) -> Path:
     if not any((p / w).exists() for w in WEIGHT_FILES):
         raise OperationalError(f"encoder directory {str(p)!r} has no weights "
                                f"({' or '.join(WEIGHT_FILES)})")
-    if not any((p / v).exists() for v in VOCABULARY_FILES):
+    if not has_tokenizer(p):
         # transformers would build an empty tokenizer that reads every word as one id
         raise OperationalError(
             f"encoder directory {str(p)!r} has no tokenizer (none of "

@@ -125,8 +125,7 @@ def save_checkpoint(model: Any, target: Path, tokenizer_dirs: list[Path]) -> Non
     tokenizer files of the first of ``tokenizer_dirs`` that holds a tokenizer; fsynced,
     then renamed into place. Raises OperationalError, with nothing in place, where none
     of them holds one."""
-    source = next((d for d in tokenizer_dirs
-                   if any((d / v).exists() for v in enc_mod.VOCABULARY_FILES)), None)
+    source = next((d for d in tokenizer_dirs if enc_mod.has_tokenizer(d)), None)
     if source is None:
         raise OperationalError(
             "no tokenizer to save with the new checkpoint: none of "

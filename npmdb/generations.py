@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from . import encoder as enc_mod
+from .arguments import check_text
 from .encoders import save_checkpoint
 from .errors import IntegrityError, ProgrammingError
 from .ingest.local import encode_into
@@ -33,7 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .database import Database
     from .encoders import Encoders
 
-__all__ = ["write_generation", "reembed", "NewGeneration", "check_model_type", "check_model"]
+__all__ = ["write_generation", "reembed", "NewGeneration", "check_request", "check_model"]
 
 
 @dataclass(frozen=True)
@@ -51,9 +52,31 @@ class NewGeneration:
         return self.head.segments
 
 
-def check_model_type(model: Any) -> None:
-    """``model`` must be a transformers model: what ``write_generation`` saves and encodes
-    with."""
+def check_request(model: Any, *, steps: Any, tag: Any, message: Any, info: Any,
+                  timeout: Any, move: Any) -> None:
+    """``db.write_generation``'s arguments, checked before the writer is taken: a bad one
+    is refused before anything is encoded (the model's fit is :func:`check_model`'s)."""
+    if timeout is not None and (isinstance(timeout, bool)
+                                or not isinstance(timeout, (int, float)) or timeout < 0):
+        raise ProgrammingError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
+    V.check_message(message)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ProgrammingError(f"steps (the training steps behind the model, recorded with "
+                               f"it) must be an integer >= 0, got {steps!r}")
+    if info is not None:
+        if not isinstance(info, Mapping):
+            raise ProgrammingError(f"info must be a dict of what to record with the "
+                                   f"generation, got {type(info).__name__}")
+        try:
+            F.pack(dict(info))
+        except Exception as exc:  # noqa: BLE001 - msgpack raises several kinds
+            raise ProgrammingError(f"info cannot be stored: {exc} (use str, numbers, lists "
+                                   "and dicts)") from None
+    if tag is not None:
+        check_text(tag, "the tag name")
+        V.check_tag_name(tag)
+    if not isinstance(move, bool):
+        raise ProgrammingError(f"move must be True or False, got {move!r}")
     if not (hasattr(model, "save_pretrained") and hasattr(model, "config")
             and callable(getattr(model, "state_dict", None))):
         raise ProgrammingError(

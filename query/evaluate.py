@@ -21,7 +21,7 @@ from typing import Any, Callable
 from npmdb.errors import ProgrammingError, QueryDataError
 
 from . import ast as A
-from .lexer import MAX_INTEGER, error_at
+from .lexer import error_at, in_int64
 from .printer import expr_to_sql
 
 __all__ = ["Row", "compile_expr", "compile_condition", "like", "round_half_away"]
@@ -130,7 +130,7 @@ class _ExprCompiler:
         missing number in ``meta``, as npmdb stores it), and compares as nothing."""
         if isinstance(v, float) and math.isinf(v):
             raise self.bad(node, f"number out of range from {expr_to_sql(node):.80}")
-        if isinstance(v, int) and not -MAX_INTEGER - 1 <= v <= MAX_INTEGER:
+        if isinstance(v, int) and not in_int64(v):
             raise self.bad(node, f"integer out of range (must fit in 64 bits) from "
                                  f"{expr_to_sql(node):.80}")
         return v

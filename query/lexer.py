@@ -32,6 +32,7 @@ __all__ = [
     "KEYWORDS",
     "MAX_QUERY_LENGTH",
     "MAX_INTEGER",
+    "in_int64",
     "Token",
     "tokenize",
     "line_col",
@@ -57,6 +58,11 @@ MAX_QUERY_LENGTH = 1_000_000
 
 #: Integer literals must fit in a signed 64-bit integer.
 MAX_INTEGER = 2**63 - 1
+
+
+def in_int64(v: int) -> bool:
+    """Whether ``v`` fits in a signed 64-bit integer (a literal, a parameter, a result)."""
+    return -MAX_INTEGER - 1 <= v <= MAX_INTEGER
 
 # The line breaks str.splitlines() knows; QueryParseError renders lines with
 # splitlines(), so line numbers and `--` comments follow the same rule.

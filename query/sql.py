@@ -82,7 +82,7 @@ from npmdb.errors import Error, InternalError, ProgrammingError
 from . import ast as A
 from .compiler import compile_plan, format_explain, show
 from .context import OpenContext
-from .lexer import MAX_INTEGER, error_at
+from .lexer import error_at, in_int64
 from .binder import build
 from .printer import expr_to_sql
 from .parser import parse
@@ -251,7 +251,7 @@ class _Binder:
         if v is None or isinstance(v, (bool, str)):
             return A.Literal(v, pos=p.pos)
         if isinstance(v, int):
-            if not -MAX_INTEGER - 1 <= v <= MAX_INTEGER:
+            if not in_int64(v):
                 raise error_at(self.text, p.pos, f"parameter {_name(p)} is out of range "
                                "(integers must fit in 64 bits)")
             return A.Literal(int(v), pos=p.pos)

@@ -279,8 +279,9 @@ class Writer:
                 with suppress(Exception):  # remove what the failed change left, now
                     recover(self.env, self.root)
             if os_failure(exc):
-                moved: bool | None = False if head is _UNREAD else None
+                moved: bool | None = False  # HEAD unread: nothing committed yet
                 if head is not _UNREAD:
+                    moved = None
                     with suppress(Exception):
                         moved = self.head_id() != head
                 raise OperationalError(os_message(exc, self.root, outer and moved)) from exc
