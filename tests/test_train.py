@@ -485,8 +485,10 @@ def test_damaged_training_state_is_an_operational_error(db_copy, capsys):
     st, mp = db.path / STATE_DIR / "state.safetensors", db.path / STATE_DIR / "state.msgpack"
     good_st, good_mp = st.read_bytes(), mp.read_bytes()
     meta = msgpack.unpackb(good_mp, raw=False)
+    flipped = bytearray(good_st)
+    flipped[-4] ^= 0x01  # a byte inside the last tensor: safetensors alone still loads it
     damages = [
-        (st, good_st[:1000]), (st, good_st[:-8]), (st, b""),
+        (st, good_st[:1000]), (st, good_st[:-8]), (st, b""), (st, bytes(flipped)),
         (mp, good_mp[:20]), (mp, b"\xc1garbage"), (mp, msgpack.packb([1, 2])),
         (mp, msgpack.packb({**meta, "hyper": None})),
         (mp, msgpack.packb({**meta, "step": "two"})),
@@ -502,6 +504,13 @@ def test_damaged_training_state_is_an_operational_error(db_copy, capsys):
         st.write_bytes(good_st)
         mp.write_bytes(good_mp)
     assert db.versions() == versions
+    # a file the OS will not read is not called damaged (it may be whole)
+    mp.unlink()
+    mp.mkdir()
+    with pytest.raises(OperationalError,
+                       match=r"state\.msgpack cannot be read \(IsADirectoryError.*permissions"):
+        npmdb.train(db, steps=3, resume=True, progress=False)
+    mp.rmdir()
     mp.write_bytes(good_mp[:20])
     path = str(db.path)
     db.close()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import math
 import os
 import time
@@ -339,7 +340,10 @@ def save_checkpoint(db: "Database", meta: dict, tensors: dict[str, "torch.Tensor
     st_path.parent.mkdir(exist_ok=True)
     header = {"format": str(STATE_FORMAT), "step": str(meta["step"]),
               "generation": str(meta["generation"])}
-    _fsync_write(st_path, save({k: v.contiguous() for k, v in tensors.items()}, metadata=header))
+    data = save({k: v.contiguous() for k, v in tensors.items()}, metadata=header)
+    _fsync_write(st_path, data)
+    meta = dict(meta, optimizer_sha256=hashlib.sha256(data).hexdigest())
+    del data
     _fsync_write(mp_path, msgpack.packb(meta, use_bin_type=True))
     fd = os.open(st_path.parent, os.O_RDONLY)
     try:
@@ -351,18 +355,22 @@ def save_checkpoint(db: "Database", meta: dict, tensors: dict[str, "torch.Tensor
 def load_checkpoint(db: "Database", *, tensors: bool = True) -> Checkpoint | None:
     """The saved training state of ``db`` (without the optimizer's unless ``tensors``).
 
-    A state that cannot be read (a truncated or overwritten file, metadata of the wrong
-    shape, the two files from different steps) is an OperationalError saying which file
-    and to train again without resume, never msgpack's or safetensors' own exception.
+    A state that cannot be read (a truncated or overwritten file, a changed byte the
+    optimizer file's sha256 catches, metadata of the wrong shape, the two files from
+    different steps) is an OperationalError saying which file and to train again without
+    resume, never msgpack's or safetensors' own exception. A file the operating system
+    will not read (permissions, an I/O error) is an OperationalError saying so: the state
+    may be whole.
     """
     import msgpack
 
     st_path, mp_path = _state_paths(db)
     if not mp_path.exists():
         return None
+    raw = _read(mp_path)
     try:
-        meta = msgpack.unpackb(mp_path.read_bytes(), raw=False, strict_map_key=False)
-    except Exception as exc:  # noqa: BLE001 - ValueError, msgpack's FormatError, OSError…
+        meta = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+    except Exception as exc:  # noqa: BLE001 - ValueError, msgpack's FormatError…
         raise _damaged(mp_path, f"cannot be read ({_why(exc)})") from exc
     _check_meta(meta, mp_path)
     if not tensors:
@@ -383,9 +391,39 @@ def load_checkpoint(db: "Database", *, tensors: bool = True) -> Checkpoint | Non
             out = {k: fh.get_tensor(k) for k in fh.keys()}
     except OperationalError:
         raise
-    except Exception as exc:  # noqa: BLE001 - SafetensorError, OSError…
+    except OSError as exc:
+        raise _unreadable(st_path, exc) from exc
+    except Exception as exc:  # noqa: BLE001 - SafetensorError…
         raise _damaged(st_path, f"cannot be read ({_why(exc)})") from exc
+    digest = meta.get("optimizer_sha256")  # absent in states written before it was kept
+    if digest is not None and _sha256(st_path) != digest:
+        raise _damaged(st_path, "does not match the sha256 its metadata recorded (a byte "
+                                "changed since it was written)")
     return Checkpoint(meta, out)
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise _unreadable(path, exc) from exc
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    except OSError as exc:
+        raise _unreadable(path, exc) from exc
+    return h.hexdigest()
+
+
+def _unreadable(path: Path, exc: OSError) -> OperationalError:
+    return OperationalError(
+        f"the training state file {path} cannot be read ({_why(exc)}); fix its permissions "
+        "or the disk and resume, or train again without resume")
 
 
 def _damaged(path: Path, what: str) -> OperationalError:
