@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import load_jsonl, publish
+from .common import SMALL_DATA, load_jsonl, publish, require_data
 
 KS = (64, 256, 1024, 4096)
 EF_FACTORS = (1.0, 1.5, 2.0, 3.0)
@@ -199,12 +199,13 @@ def render(out: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, default=Path("npmdb/data/dev-small"))
+    ap.add_argument("--data", type=Path, default=SMALL_DATA)
     ap.add_argument("--db", type=Path, default=None)
     ap.add_argument("--work", type=Path, default=Path("bench/work"))
     ap.add_argument("--queries", type=int, default=100)
     ap.add_argument("--em-queries", type=int, default=200)
     args = ap.parse_args(argv)
+    require_data(args.data, "cloze.jsonl", *(() if args.db else ("corpus.jsonl.gz",)), error=ap.error)
     from .__main__ import ensure_main_db
 
     main_db = args.db or ensure_main_db(args.data, args.work)

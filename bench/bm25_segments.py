@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import load_jsonl, machine, percentiles, publish
+from .common import SMALL_DATA, load_jsonl, machine, percentiles, publish, require_data
 
 LAYOUTS = (1, 4, 16)
 
@@ -131,12 +131,13 @@ def render(out: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, default=Path("npmdb/data/dev-small"))
+    ap.add_argument("--data", type=Path, default=SMALL_DATA)
     ap.add_argument("--db", type=Path, default=None,
                     help="the one-add database (built from the data's corpus if empty)")
     ap.add_argument("--limit", type=int, default=0, help="first N cloze queries (0 = all)")
     ap.add_argument("--name", default=None, help="result name (default bm25-segments-DATA)")
     args = ap.parse_args(argv)
+    require_data(args.data, "corpus.jsonl.gz", "cloze.jsonl", error=ap.error)
     from .quality import build_db
 
     work = Path("bench/work")

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .common import load_jsonl, machine, write_result
+from .common import SMALL_DATA, load_jsonl, machine, require_data, write_result
 
 
 def _cudnn_allowed(device):
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, default=Path("npmdb/data/dev-small"))
+    ap.add_argument("--data", type=Path, default=SMALL_DATA)
     ap.add_argument("--docs", type=int, default=1500)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--batch", type=int, default=64)
@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default="gpu")
     ap.add_argument("--encoder", default=None, help="default: npmdb's shipped encoder")
     args = ap.parse_args(argv)
+    require_data(args.data, "corpus.jsonl.gz", "cloze.jsonl", error=ap.error)
 
     corpus = load_jsonl(args.data / "corpus.jsonl.gz")
     docs = corpus[:: max(1, len(corpus) // args.docs)][: args.docs]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import load_jsonl, publish
+from .common import SMALL_DATA, load_jsonl, publish, require_data
 from .quality import evaluate_cloze
 from .replay import measure
 
@@ -133,11 +133,12 @@ def render(out: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--db", type=Path, required=True)
-    ap.add_argument("--data", type=Path, default=Path("npmdb/data/dev-small"))
+    ap.add_argument("--data", type=Path, default=SMALL_DATA)
     ap.add_argument("--work", type=Path, default=Path("build/bench-ivf"))
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("-k", type=int, default=1024)
     a = ap.parse_args(argv)
+    require_data(a.data, "cloze.jsonl", error=ap.error)
     out = run(a.db, a.data, a.work, a.queries, a.k)
     return publish(f"ivf-{a.data.name}", out, render)
 

@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .common import load_jsonl, machine, percentiles, write_result
+from .common import SMALL_DATA, load_jsonl, machine, percentiles, require_data, write_result
 
 KS = (64, 256, 1024, 4096)
 
@@ -107,13 +107,14 @@ def open_time(path: Path, repeats: int = 5) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, default=Path("npmdb/data/dev-small"))
+    ap.add_argument("--data", type=Path, default=SMALL_DATA)
     ap.add_argument("--db", type=Path, default=None)
     ap.add_argument("--queries", type=int, default=100)
     ap.add_argument("--ingest-docs", type=int, default=1500)
     ap.add_argument("--ks", default=",".join(map(str, KS)))
     ap.add_argument("--name", default=None)
     args = ap.parse_args(argv)
+    require_data(args.data, "corpus.jsonl.gz", "cloze.jsonl", error=ap.error)
 
     import npmdb
     from .quality import build_db

@@ -19,9 +19,12 @@ from pathlib import Path
 from npmdb.arguments import parse_assignments
 from npmdb.evaluation import evaluate
 
-from .common import load_jsonl, machine, write_result
+from .common import SMALL_DATA, load_jsonl, machine, require_data, write_result
 
 MODES = ("bm25", "dense", "hybrid")
+#: The files of ``--data`` that each task reads.
+TASK_FILES = {"cloze": ("cloze.jsonl",), "translation": ("translation.jsonl",),
+              "sentiment": ("sentiment_train.jsonl", "sentiment_test.jsonl")}
 
 
 def evaluate_cloze(db, rows: list[dict], mode: str, *, max_len: int = 10, version=None,
@@ -90,7 +93,7 @@ def build_db(path: Path, corpus: Path, encoder=None):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, default=Path("npmdb/data/dev-small"))
+    ap.add_argument("--data", type=Path, default=SMALL_DATA)
     ap.add_argument("--db", type=Path, default=None, help="database (built from the data's corpus if empty)")
     ap.add_argument("--sentiment-db", type=Path, default=None,
                     help="review database (built from sentiment_train texts if empty; default: "
@@ -112,6 +115,11 @@ def main(argv=None) -> int:
     ap.add_argument("--verbalizer", choices=sorted(VERBALIZERS), default="single",
                     help="sentiment label words: 'single' (great / terrible) or 'fuzzy'")
     args = ap.parse_args(argv)
+    tasks = [t for t in args.tasks.split(",") if t]
+    if unknown := [t for t in tasks if t not in TASK_FILES]:
+        ap.error(f"unknown task {', '.join(unknown)}: --tasks takes {','.join(TASK_FILES)}")
+    require_data(args.data, *(() if args.db and args.db.exists() else ("corpus.jsonl.gz",)),
+                 *(f for t in tasks for f in TASK_FILES[t]), error=ap.error)
     options = parse_options(args.option, ap)
     from dataclasses import fields as _fields
 
@@ -123,7 +131,6 @@ def main(argv=None) -> int:
     db_path = args.db or Path("bench/work") / f"{data.name}.npmdb"
     db_path.parent.mkdir(parents=True, exist_ok=True)
     modes = [m for m in args.modes.split(",") if m]
-    tasks = [t for t in args.tasks.split(",") if t]
     version = int(args.version) if args.version and args.version.isdigit() else args.version
     out: dict = {"data": str(data), "db": str(db_path), "version": args.version,
                  "machine": machine(), "options": options, "verbalizer": args.verbalizer,

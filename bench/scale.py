@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from .common import load_jsonl, machine, write_result
+from .common import SMALL_DATA, load_jsonl, machine, require_data, write_result
 
 
 def _load() -> list[float]:
@@ -260,7 +260,7 @@ def gpu(docs: list[dict], queries: list[str]) -> dict | None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, default=Path("npmdb/data/dev-small"))
+    ap.add_argument("--data", type=Path, default=SMALL_DATA)
     ap.add_argument("--docs", type=int, default=1500)
     ap.add_argument("--workers", type=int, nargs="*", default=[1, 2])
     ap.add_argument("--no-ray", action="store_true")
@@ -270,6 +270,7 @@ def main(argv=None) -> int:
                     help="Ray adds into a trained ivf + int4 database, the index coded by the "
                          "workers and by the driver (only these runs)")
     args = ap.parse_args(argv)
+    require_data(args.data, "corpus.jsonl.gz", "cloze.jsonl", error=ap.error)
 
     corpus = load_jsonl(args.data / "corpus.jsonl.gz")
     step = max(1, len(corpus) // max(1, args.docs))

@@ -23,7 +23,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .common import load_jsonl, percentiles, publish
+from .common import SMALL_DATA, load_jsonl, percentiles, publish, require_data
 
 
 def _stages(res) -> dict[str, float]:
@@ -121,7 +121,7 @@ def render(out: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.shards", description=__doc__.split("\n")[0])
     ap.add_argument("db", type=Path)
-    ap.add_argument("--data", type=Path, default=Path("npmdb/data/dev-small"))
+    ap.add_argument("--data", type=Path, default=SMALL_DATA)
     ap.add_argument("--shards", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--engine", default="ray", choices=("ray", "local"))
     ap.add_argument("--queries", type=int, default=40)
@@ -129,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--k", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=1)
     args = ap.parse_args(argv)
+    require_data(args.data, "cloze.jsonl", error=ap.error)
     if not (args.db / "data.mdb").exists():
         print(f"no database at {args.db}: build one with python -m bench.replay", file=sys.stderr)
         return 2

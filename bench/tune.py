@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .common import load_jsonl, machine, publish
+from .common import SMALL_DATA, load_jsonl, machine, publish, require_data
 from .quality import evaluate_cloze
 
 GRID = (
@@ -56,9 +56,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--db", type=Path, required=True)
-    ap.add_argument("--data", type=Path, default=Path("npmdb/data/dev-small"))
+    ap.add_argument("--data", type=Path, default=SMALL_DATA)
     ap.add_argument("--name", default=None, help="result name (bench/results/NAME.json)")
     args = ap.parse_args(argv)
+    require_data(args.data, "cloze.jsonl", error=ap.error)
     rows = load_jsonl(args.data / "cloze.jsonl")
     with npmdb.open(args.db, readonly=True, progress=False) as db:
         with db.snapshot() as snap:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -243,6 +244,10 @@ def test_report_refuses_a_missing_results_file(tmp_path, capsys):
     ("bench.corpus_size", ["{tmp}/src"]),
     ("bench.probes", ["{tmp}/src"]),
     ("bench.compact_em", ["--ref", "{tmp}/src"]),
+    *[(f"bench.{m}", []) for m in ("ann", "bm25_segments", "codecs", "gpu", "growth",
+                                   "latency", "peers", "quality", "scale")],
+    *[(f"bench.{m}", ["--db", "{tmp}/src"]) for m in ("codec_em", "ivf", "tune")],
+    ("bench.shards", ["{tmp}/src"]),
 ])
 def test_missing_data_stops_before_any_work(module, argv, tmp_path, capsys, monkeypatch):
     """A ``--data`` without cloze.jsonl stops at once (exit 2, what to pass), before the
@@ -259,7 +264,7 @@ def test_missing_data_stops_before_any_work(module, argv, tmp_path, capsys, monk
         mod.main(args)
     assert exc.value.code == 2
     err = capsys.readouterr().err
-    assert "no cloze.jsonl in" in err and "pass --data DIR" in err
+    assert re.search(r"no (\S+ or )*cloze\.jsonl( or \S+)* in", err) and "pass --data DIR" in err
     assert "npmdb/data/dev-small" in err
     assert not opened and not (tmp_path / "dst").exists()
 
