@@ -421,7 +421,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--export-to", type=Path, default=shipped_encoder_dir())
     ap.add_argument("--steps", type=int, default=RECIPE["steps"])
     ap.add_argument("--focus-steps", type=int, default=FOCUS["steps"])
-    ap.add_argument("--scale", type=float, default=1.0, help="corpus size multiplier")
+    ap.add_argument("--scale", type=float, default=1.0, help="multiplies each packaged source's document count; below 1 "
+                         "it also takes that share of the reviews and of the focus corpus's "
+                         "sample documents and Wikipedia passages; the fixed sets are never "
+                         "repeated above 1, and the general corpus always holds the whole "
+                         "sample")
     ap.add_argument("--wikipedia", type=Path, default=None,
                     help="gensim's wheel (pip download --no-deps gensim), whose Wikipedia "
                          "sample joins the focus corpus")
