@@ -100,3 +100,10 @@ def check_location(value: Any, what: str, expected: str) -> None:
     if not isinstance(value, (str, os.PathLike)) or isinstance(os.fspath(value), bytes):
         raise ProgrammingError(f"{what} must be a str or pathlib.Path naming {expected}, got "
                                f"{type(value).__name__} {value!r:.80}")
+    text = os.fspath(value)
+    if not text.strip():
+        raise ProgrammingError(f"{what} is empty: give {expected} (\".\" for the working "
+                               "directory)")
+    if "\0" in text:
+        raise ProgrammingError(f"{what} {text!r:.80} holds a NUL character, which no path "
+                               "can hold")

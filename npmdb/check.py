@@ -114,6 +114,16 @@ class _Checker:
             self.err(where, str(exc))
             return None
 
+    def meta_id(self, meta: dict, key: str, default: int | None) -> int | None:
+        """``meta[key]``, an id or counter: an integer >= 0, else an error (and ``default``)."""
+        value = meta.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            self.err("meta", f"{key} holds {value!r:.80}, not an id")
+            return default
+        return value
+
     # -- LMDB ------------------------------------------------------------------------
 
     def run(self) -> CheckReport:
@@ -128,11 +138,15 @@ class _Checker:
             if not isinstance(config, dict):
                 self.err("meta", "no config: this is not a complete npmdb database")
                 config = {}
-            next_seg = int(meta.get("next_segment") or 1)
-            next_gen = int(meta.get("next_generation") or 1)
-            head = meta.get("head")
-            if meta.get("trash"):
-                self.warn("meta", f"{len(meta['trash'])} files wait to be removed (trash); the "
+            next_seg = self.meta_id(meta, "next_segment", 1)
+            next_gen = self.meta_id(meta, "next_generation", 1)
+            self.meta_id(meta, "next_auto", 1)
+            head = self.meta_id(meta, "head", None)
+            trash = meta.get("trash")
+            if trash is not None and not isinstance(trash, list):
+                self.err("meta", f"trash holds {trash!r:.80}, not a list of paths")
+            elif trash:
+                self.warn("meta", f"{len(trash)} files wait to be removed (trash); the "
                                   "next vacuum, optimize or writer open removes them once no reader holds an older snapshot")
             gens: dict[int, dict] = {}
             for k, v in txn.cursor(db=self.dbs["generations"]):
@@ -149,10 +163,17 @@ class _Checker:
                 except Exception as exc:  # noqa: BLE001
                     self.err(f"version {vid}", f"unreadable manifest: {exc}")
             self.counts["versions"] = len(versions)
-            if head is not None and int(head) not in versions:
+            if head is not None and head not in versions:
                 self.err("HEAD", f"HEAD names version {head}, which does not exist")
-            for name, vid in V.tags_of(txn, self.dbs).items():
-                if vid not in versions:
+            elif head is None and versions:
+                self.err("HEAD", f"there are {len(versions)} versions and no HEAD")
+            for k, v in txn.cursor(db=self.dbs["tags"]):
+                name = bytes(k).decode(errors="replace")
+                vid = self.unpack(v, f"tag {name!r}")
+                if not isinstance(vid, int) or isinstance(vid, bool):
+                    if vid is not None:
+                        self.err(f"tag {name!r}", f"holds {vid!r:.80}, not a version id")
+                elif vid not in versions:
                     self.err(f"tag {name!r}", f"names version {vid}, which does not exist")
             records: dict[int, F.SegmentRecord] = {}
             for k, v in txn.cursor(db=self.dbs["segments"]):
@@ -182,7 +203,7 @@ class _Checker:
                 for s in m.deleted:
                     if s not in m.segments:
                         self.err(where, f"has tombstones for segment {s}, which it does not read")
-                if docs != int(m.stats.get("docs", -1)):
+                if m.stats.get("docs") != docs:
                     self.err(where, f"counts {m.stats.get('docs')} documents, its segments hold "
                                     f"{docs}")
             for s, rec in sorted(records.items()):
@@ -432,4 +453,12 @@ def check(env: "Env", root: Path, *, deep: bool = True) -> CheckReport:
     Nothing is changed. Errors mean damage (restore from a backup); warnings are leftovers
     that the next writer or ``vacuum`` removes, or checksums the next writer records.
     """
-    return _Checker(env, root, deep).run()
+    checker = _Checker(env, root, deep)
+    try:
+        return checker.run()
+    except (Error, KeyError, TypeError, ValueError, AttributeError) as exc:
+        # a record of a shape no check foresaw: the report says where the check stopped,
+        # rather than the check failing on the damage it is there to report
+        checker.err("check", f"stopped at an unreadable record ({type(exc).__name__}: "
+                             f"{exc}); the findings above are those made before it")
+        return checker.report

@@ -24,6 +24,8 @@ from .arguments import check_device, check_location, check_ref, check_text
 from .corpus import read_documents
 from .encoders import Encoders
 from .errors import InterfaceError, NotSupportedError, OperationalError, ProgrammingError
+from .opening import (FORMAT, check_config, check_empty, check_new, creation_lock,
+                      has_file, remove_unfinished)
 from .progress import bar_factory
 from .result import Result
 from .shards import check_sharding, open_shards
@@ -49,7 +51,6 @@ from npmdb.storage.transaction import Writer
 
 __all__ = ["Database", "open"]
 
-FORMAT = 1
 _open = open
 
 
@@ -109,7 +110,11 @@ class Database(Versioning):
         if encoder is not None:
             check_location(encoder, "encoder", "a local Hugging Face model directory, or None "
                            "for the database's own")
-        self.path = Path(path).expanduser().resolve()
+        try:
+            self.path = Path(path).expanduser().resolve()
+        except (OSError, RuntimeError) as exc:  # a symlink loop, an unreadable parent
+            raise OperationalError(f"cannot resolve the database path {path!s:.200}: "
+                                   f"{exc}") from None
         self._shards = None
         if engine is not None or shards is not None:
             check_sharding(engine, shards, readonly)
@@ -128,24 +133,28 @@ class Database(Versioning):
             dense = index_kind(index)
         self._closed = True
         self._filter_cache: dict = {}
-        exists = (self.path / "data.mdb").exists()
-        made = False
+        exists, made, creating = has_file(self.path, "data.mdb"), False, None
         if not exists:
-            if self.path.exists() and not self.path.is_dir():  # a file: create=True won't help
-                raise OperationalError(f"{self.path} is a file, not an npmdb database (a "
-                                       "database is a directory): give the database's "
-                                       "directory")
-            if readonly or not create:
-                raise OperationalError(f"no npmdb database at {self.path}: pass create=True "
-                                       "(and readonly=False) to make one, or from the shell "
-                                       f"`npmdb add {self.path} FILE`")
-            if self.path.exists() and any(p for p in self.path.iterdir()
-                                          if p.name not in ("write.lock",)):
-                raise OperationalError(f"{self.path} is a non-empty directory that is not an "
-                                       "npmdb database: choose a new or empty directory")
-            made = not self.path.exists()
-            self.path.mkdir(parents=True, exist_ok=True)
-        self.env = Env(self.path, readonly=readonly, create=not exists)
+            made = check_new(self.path, readonly=readonly, create=create)
+            # one process creates: the others wait, then find the database made
+            creating = creation_lock(self.path, max(timeout, 60.0))
+            exists = has_file(self.path, "data.mdb")
+            if exists:
+                creating.release()
+                creating = None
+            else:
+                try:
+                    check_empty(self.path)
+                except BaseException:
+                    creating.release()
+                    raise
+        try:
+            self.env = Env(self.path, readonly=readonly, create=not exists)
+        except BaseException:
+            if creating is not None:
+                remove_unfinished(self.path, made)
+                creating.release()
+            raise
         self._closed = False
         self._readers = Readers(self.path, self.env, self.dense_params)
         self._encoders = Encoders(self.env, self.path, device=device)
@@ -179,18 +188,17 @@ class Database(Versioning):
                 self._shards = open_shards(self.path, engine or "ray", shards,
                                            {"dense_params": self.dense_params})
         except BaseException:
-            created = False  # by this handle or, concurrently, by another one
+            created = False  # by this handle (the creation lock keeps others out)
             if not exists:
                 with suppress(Exception), self.env.read() as txn:
                     created = V.get_meta(txn, self.env.dbs, "config") is not None
             self.close()
             if not exists and not created:  # a failed creation leaves nothing behind
-                for name in ("data.mdb", "lock.mdb", "write.lock"):
-                    (self.path / name).unlink(missing_ok=True)
-                if made:
-                    with suppress(OSError):
-                        self.path.rmdir()
+                remove_unfinished(self.path, made)
             raise
+        finally:
+            if creating is not None:
+                creating.release()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -236,16 +244,22 @@ class Database(Versioning):
             if unfinished and not (self.path / "segments").exists():
                 # creation was interrupted before its first commit: nothing was committed
                 if create is not None and not self.readonly:
-                    return self._create(encoder, **create)
+                    # another process may be making it this moment: make it under its lock
+                    lock = creation_lock(self.path, max(self.timeout, 60.0))
+                    try:
+                        with self.env.read() as txn:
+                            if V.get_meta(txn, self.env.dbs, "config") is None:
+                                return self._create(encoder, **create)
+                    finally:
+                        lock.release()
+                    return self._check_existing(encoder, create)  # the other one made it
                 raise OperationalError(
                     f"{self.path} holds an unfinished npmdb database (its creation was "
                     "interrupted before anything was committed): open it with create=True "
                     "to initialise it")
             raise OperationalError(f"{self.path} is not an npmdb database (no config): its "
                                    "data.mdb was replaced or damaged; restore it from a backup")
-        if config.get("format") != FORMAT:
-            raise OperationalError(f"{self.path} has format {config.get('format')}, this npmdb "
-                                   f"reads format {FORMAT}")
+        check_config(self.path, config)
         if gen0 is None:
             raise OperationalError(f"embedding generation 0 is not recorded in {self.path}")
         self.config = config
@@ -579,8 +593,7 @@ class Database(Versioning):
         """HEAD's version id (None for an empty database)."""
         self._check_open()
         with self.env.read() as txn:
-            h = V.get_meta(txn, self.env.dbs, "head")
-        return None if h is None else int(h)
+            return V.meta_id(txn, self.env.dbs, "head")
 
     def stats(self) -> dict[str, Any]:
         """Counts and sizes: documents, blocks, tokens, segments, bytes on disk."""

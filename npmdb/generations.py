@@ -117,7 +117,7 @@ def _begin(writer: "Writer", encoders: "Encoders", model: Any) -> NewGeneration:
     if head is None:
         raise ProgrammingError("the database is empty: nothing to re-embed")
     with writer.env.read() as txn:
-        gen = int(V.get_meta(txn, writer.env.dbs, "next_generation", 1))
+        gen = V.next_id(txn, writer.env.dbs, "next_generation")
     base = encoders.get(head.generation)
     check_model(model, base, int(writer.config["dim"]))
     ckpt = checkpoint_dir(writer.root, gen)

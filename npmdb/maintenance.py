@@ -271,10 +271,18 @@ def vacuum(writer: "Writer", *, keep_tags: bool = True, older_than: float | None
     with writer.hold():
         def txn_fn(txn):
             dbs = writer.env.dbs
-            head = V.get_meta(txn, dbs, "head")
+            # HEAD resolved, not read raw: a HEAD that names no version (damage) would
+            # keep nothing, and vacuum would remove every untagged version for good
+            m = V.head(txn, dbs)
+            head = None if m is None else m.id
+            versions = V.list_versions(txn, dbs)
+            if head is None and versions:
+                raise OperationalError(
+                    f"the database is damaged: it has {len(versions)} versions and no HEAD; "
+                    "nothing was removed; run `npmdb check` for a full report")
             tags = V.tags_of(txn, dbs)
             now = time.time()
-            keep = {v.id for v in V.list_versions(txn, dbs) if v.id == head
+            keep = {v.id for v in versions if v.id == head
                     or (keep_tags and v.id in tags.values())
                     or (older_than is not None and now - v.time < older_than)}
             return drop_unkept(txn, dbs, writer.root, keep)

@@ -30,7 +30,7 @@ def history(txn, dbs) -> list[dict[str, Any]]:
     """Every version, oldest first: id, time, parent, tags, counts, generation, whether
     it is HEAD, and its message."""
     tags = V.tags_of(txn, dbs)
-    head = V.get_meta(txn, dbs, "head")
+    head = V.meta_id(txn, dbs, "head")
     return [{"id": m.id, "time": m.time, "parent": m.parent,
              "tags": sorted(t for t, v in tags.items() if v == m.id),
              "docs": m.stats.get("docs", 0), "tokens": m.stats.get("tokens", 0),

@@ -80,10 +80,10 @@ def recover(env: Env, root: Path) -> None:
         recorded = {F.read_u32(bytes(k)) for k in
                     txn.cursor(db=dbs["segments"]).iternext(values=False)}
         orphans = _segments_with_data(txn, dbs) - recorded
-        next_gen = int(V.get_meta(txn, dbs, "next_generation", 1))
+        next_gen = V.next_id(txn, dbs, "next_generation")
         # a vacuumed segment's directory waits in the trash while a reader may use it
         trashed = {(e if isinstance(e, str) else e[0]) for e in
-                   V.get_meta(txn, dbs, "trash", []) or []}
+                   V.trash_of(txn, dbs)}
         stale_gens = False
         for key in txn.cursor(db=dbs["vectors"]).iternext(keys=True, values=False):
             g, s = F.read_u32(bytes(key)), F.read_u32(bytes(key), 4)
@@ -134,8 +134,8 @@ def seal(env: Env, root: Path) -> None:
     dbs = env.dbs
     todo = []
     with env.read() as txn:
-        next_seg = int(V.get_meta(txn, dbs, "next_segment", 1))
-        next_gen = int(V.get_meta(txn, dbs, "next_generation", 1))
+        next_seg = V.next_id(txn, dbs, "next_segment")
+        next_gen = V.next_id(txn, dbs, "next_generation")
         mark = V.get_meta(txn, dbs, "sealed") or [0, 0]
         if list(mark) == [next_seg, next_gen]:
             return
@@ -164,7 +164,7 @@ def empty_trash(env: Env, root: Path) -> int:
     vacuum, optimize or writer tries again. Returns the number removed.
     """
     with env.read() as txn:
-        trash = V.get_meta(txn, env.dbs, "trash", []) or []
+        trash = V.trash_of(txn, env.dbs)
     if not trash:
         return 0
     oldest = env.oldest_reader_txn()
@@ -225,7 +225,7 @@ def drop_unkept(txn, dbs, root: Path, keep: set[int]) -> dict[str, Any]:
             checkpoints += 1
     codec_states = _drop_unused_codec_states(txn, dbs, {records[s].codec for s in need_segs
                                                          if s in records})
-    old = V.get_meta(txn, dbs, "trash", []) or []
+    old = V.trash_of(txn, dbs)
     # with this commit's id: a reader whose snapshot is older may still open them
     V.put_meta(txn, dbs, "trash", old + [[rel, txn.id()] for rel in trash])
     return {"versions": len(drop), "segments": len(dead_segs), "generation_sets": len(stale),

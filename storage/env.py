@@ -189,6 +189,18 @@ class Env:
             raise OperationalError(
                 f"{data} is truncated ({size} bytes; its last committed page ends at byte "
                 f"{end}): the file was damaged; restore it from a backup")
+        try:  # the main table holds the named tables' names: any other key is not ours
+            with self.env.begin() as txn:
+                foreign = [bytes(k) for k in txn.cursor().iternext(values=False)
+                           if bytes(k).decode(errors="replace") not in SUBDBS]
+        except lmdb.Error:
+            foreign = []
+        if foreign:
+            self.env.close()
+            raise OperationalError(
+                f"{self.path} holds an LMDB store that is not an npmdb database (its main "
+                f"table holds {foreign[0]!r:.60}, which npmdb never writes); nothing was "
+                "changed: give npmdb a new or empty directory")
         self.dbs = {}
         for name in SUBDBS:
             try:

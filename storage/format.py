@@ -6,6 +6,7 @@ One place for the on-disk layout, so that every writer and reader agrees on it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import struct
 import zlib
@@ -92,6 +93,18 @@ def unpack(data: bytes | memoryview) -> Any:
     except Exception as exc:  # noqa: BLE001 - msgpack raises several kinds on bad bytes
         raise OperationalError(f"corrupt value in the database ({type(exc).__name__}: {exc}); "
                                "run `npmdb check` for a full report") from None
+
+
+@contextlib.contextmanager
+def damaged(what: str):
+    """Turn a record of the wrong shape (a key missing, a value of the wrong type: what a
+    damaged or foreign record unpacks to) into an OperationalError naming ``what``."""
+    try:
+        yield
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+        raise OperationalError(
+            f"the database is damaged: {what} is unreadable ({type(exc).__name__}: {exc}); "
+            "run `npmdb check` for a full report") from None
 
 
 # -- numpy arrays: 16-byte aligned header, CRC32 of the payload -----------------------------
@@ -194,12 +207,15 @@ class SegmentRecord:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "SegmentRecord":
-        return cls(int(d["id"]), int(d["docs"]), int(d["blocks"]), int(d["tokens"]),
-                   int(d["dim"]), str(d.get("codec", "float16")), str(d.get("dense", "hnsw")),
-                   int(d.get("chunk", LEGACY_CHUNK)), tuple(int(g) for g in d.get("gens", ())),
-                   float(d.get("created", 0.0)), float(d.get("seconds", 0.0)),
-                   str(d.get("engine", "local")),
-                   tuple(int(s) for s in d.get("merged_from", ())))
+        with damaged("a segment record"):
+            return cls(int(d["id"]), int(d["docs"]), int(d["blocks"]), int(d["tokens"]),
+                           int(d["dim"]), str(d.get("codec", "float16")),
+                       str(d.get("dense", "hnsw")),
+                       int(d.get("chunk", LEGACY_CHUNK)),
+                       tuple(int(g) for g in d.get("gens", ())),
+                       float(d.get("created", 0.0)), float(d.get("seconds", 0.0)),
+                       str(d.get("engine", "local")),
+                       tuple(int(s) for s in d.get("merged_from", ())))
 
 
 @dataclass(frozen=True)
@@ -225,9 +241,10 @@ class GenerationRecord:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "GenerationRecord":
-        return cls(int(d["id"]), dict(d["encoder"]), float(d.get("created", 0.0)),
-                   d.get("parent"), d.get("checkpoint"), int(d.get("steps", 0)),
-                   dict(d.get("info") or {}))
+        with damaged("an embedding generation's record"):
+            return cls(int(d["id"]), dict(d["encoder"]), float(d.get("created", 0.0)),
+                       d.get("parent"), d.get("checkpoint"), int(d.get("steps", 0)),
+                       dict(d.get("info") or {}))
 
 
 def put_segment(txn, dbs, rec: SegmentRecord) -> None:

@@ -44,10 +44,10 @@ from .integrity import seal_segment
 from .segment_writer import Bar, SegmentWriter, no_bar
 from .segments import Readers, SegmentReader
 
-__all__ = ["Writer", "Transaction"]
+__all__ = ["Writer", "Transaction", "FileLock"]
 
 
-class _FileLock:
+class FileLock:
     """An exclusive, process-level lock (``flock`` on ``write.lock``). LMDB serialises its
     own write transactions, but a change does long work (encoding, index builds) before
     its commit transaction, so a whole change holds this lock."""
@@ -207,7 +207,7 @@ class Writer:
         self.timeout = timeout
         self.progress_enabled = progress
         self.progress = bars or no_bar
-        self._file = _FileLock(self.root)
+        self._file = FileLock(self.root)
         self._cond = threading.Condition()
         self._owner: int | None = None
         self._depth = 0
@@ -418,7 +418,7 @@ class Writer:
         if not self.held:
             raise ProgrammingError("allocating a segment needs the writer: use Writer.hold()")
         with self.env.read() as txn:
-            nxt = int(V.get_meta(txn, self.env.dbs, "next_segment", 1))
+            nxt = V.next_id(txn, self.env.dbs, "next_segment")
         seg = max([nxt] + [s + 1 for s in self._allocated])
         self._allocated.append(seg)
         if self._changes is not None:
@@ -436,7 +436,7 @@ class Writer:
         out: list[str] = []
         with self.env.read() as txn:
             m = changes.view()
-            auto = int(V.get_meta(txn, self.env.dbs, "next_auto", 1)) + changes.auto_used
+            auto = V.next_id(txn, self.env.dbs, "next_auto") + changes.auto_used
 
             def taken(doc_id: str) -> bool:
                 return doc_id in changes.new_ids or \
@@ -505,8 +505,7 @@ class Writer:
 
     def head_id(self) -> int | None:
         with self.env.read() as txn:
-            h = V.get_meta(txn, self.env.dbs, "head")
-        return None if h is None else int(h)
+            return V.meta_id(txn, self.env.dbs, "head")
 
     def commit(self, ops: Sequence[V.Operation], *, read: V.Manifest | None,
                message: str = "", info: dict | None = None, tag: str | None = None,

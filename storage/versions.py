@@ -28,7 +28,7 @@ from npmdb.errors import OperationalError, ProgrammingError
 from . import format as F
 
 __all__ = ["Manifest", "get_meta", "put_meta", "head", "head_generation", "get_version",
-           "put_version", "parse_ref", "check_tag_name", "resolve", "list_versions", "set_tag", "tags_of", "next_id",
+           "put_version", "meta_id", "trash_of", "parse_ref", "check_tag_name", "resolve", "list_versions", "set_tag", "tags_of", "next_id",
            "find_doc", "Append", "Delete", "Rewrite", "Restore", "Reembed", "Operation",
            "commit", "EMPTY"]
 
@@ -54,10 +54,12 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Manifest":
-        return cls(int(d["id"]), d.get("parent"), float(d["time"]), tuple(d["segments"]),
-                   {int(s): tuple(v) for s, v in (d.get("deleted") or {}).items()},
-                   int(d["generation"]), dict(d.get("stats") or {}), d.get("message", ""),
-                   dict(d.get("info") or {}))
+        with F.damaged("a version's manifest"):
+            return cls(int(d["id"]), d.get("parent"), float(d["time"]),
+                       tuple(int(s) for s in d["segments"]),
+                       {int(s): tuple(v) for s, v in (d.get("deleted") or {}).items()},
+                       int(d["generation"]), dict(d.get("stats") or {}), d.get("message", ""),
+                       dict(d.get("info") or {}))
 
 
 def get_meta(txn, dbs, key: str, default: Any = None) -> Any:
@@ -69,14 +71,46 @@ def put_meta(txn, dbs, key: str, value: Any) -> None:
     txn.put(key.encode(), F.pack(value), db=dbs["meta"])
 
 
+def meta_id(txn, dbs, key: str, default: int | None = None) -> int | None:
+    """A meta entry that holds an id or a counter (``head``, ``next_segment``…): an integer
+    >= 0, else the database is damaged (OperationalError, not int()'s ValueError)."""
+    value = get_meta(txn, dbs, key)
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2 ** 63:
+        raise OperationalError(f"the database is damaged: meta {key!r} holds {value!r}, not an "
+                               "id; run `npmdb check` for a full report")
+    return value
+
+
+def trash_of(txn, dbs) -> list:
+    """The ``trash`` meta entry: a list of ``[path, commit id]`` (older ones: a path)."""
+    trash = get_meta(txn, dbs, "trash") or []
+    if not isinstance(trash, list) or not all(
+            isinstance(e, str) or (isinstance(e, list) and len(e) == 2
+                                   and isinstance(e[0], str)) for e in trash):
+        raise OperationalError(f"the database is damaged: meta 'trash' holds {trash!r:.80}, "
+                               "not a list of paths; run `npmdb check` for a full report")
+    return trash
+
+
 def next_id(txn, dbs, counter: str) -> int:
     """The next value of a counter (not incremented: the commit does that)."""
-    return int(get_meta(txn, dbs, counter, 1))
+    return meta_id(txn, dbs, counter, 1)
 
 
 def head(txn, dbs) -> Manifest | None:
-    vid = get_meta(txn, dbs, "head")
-    return None if vid is None else get_version(txn, dbs, int(vid))
+    """HEAD's manifest (None before the first version). A HEAD that names no version is
+    damage, an OperationalError: never the caller's ProgrammingError."""
+    vid = meta_id(txn, dbs, "head")
+    if vid is None:
+        return None
+    if txn.get(F.u64(vid), db=dbs["versions"]) is None:
+        raise OperationalError(f"the database is damaged: HEAD names version {vid}, which "
+                               "does not exist; nothing can be read or changed at HEAD "
+                               "(versions stay readable by id: AS OF); run `npmdb check` for "
+                               "a full report")
+    return get_version(txn, dbs, vid)
 
 
 def head_generation(txn, dbs) -> int:
@@ -112,7 +146,15 @@ def list_versions(txn, dbs) -> list[Manifest]:
 
 def tags_of(txn, dbs) -> dict[str, int]:
     cur = txn.cursor(db=dbs["tags"])
-    return {bytes(k).decode(): int(F.unpack(v)) for k, v in cur}
+    out = {}
+    for k, v in cur:
+        vid = F.unpack(v)
+        with F.damaged(f"tag {bytes(k)!r}"):
+            name = bytes(k).decode()
+            if not isinstance(vid, int) or isinstance(vid, bool):
+                raise TypeError(f"it names {vid!r}, not a version id")
+        out[name] = vid
+    return out
 
 
 # a name that reads as a number: " 7", "+2", "-1", "7.0", "1e3" (a version id, to a reader)
@@ -318,9 +360,8 @@ def commit(txn, dbs, ops: Sequence[Operation], read: Manifest | None, *, message
                     "nothing was committed; retry the change")
         base = now or EMPTY
     draft = _Draft.of(base)
-    meta_next = {"next_segment": int(get_meta(txn, dbs, "next_segment", 1)),
-                 "next_auto": int(get_meta(txn, dbs, "next_auto", 1)),
-                 "next_generation": int(get_meta(txn, dbs, "next_generation", 1))}
+    meta_next = {k: next_id(txn, dbs, k) for k in ("next_segment", "next_auto",
+                                                    "next_generation")}
     nxt = dict(meta_next)
     records: dict[int, F.SegmentRecord] = {}
 

@@ -1,0 +1,173 @@
+"""Opening a database directory as users meet it: two processes making the same new
+database, paths the OS refuses, another program's LMDB store, configs of another format,
+and records damaged out of band (check() reports them; every other call is an
+OperationalError; vacuum removes nothing)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import lmdb
+import msgpack
+import pytest
+
+import npmdb
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib
+from conftest import make_tiny_encoder  # noqa: E402
+
+RACER = """
+import sys, time, npmdb
+path, enc, at, name = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
+while time.time() < at:
+    pass
+try:
+    with npmdb.open(path, encoder=enc, progress=False, timeout=30) as db:
+        db.add([{"id": name, "text": f"Document {name} says Salem is the capital of Oregon."}])
+        print("made", db.config["dim"])
+except npmdb.Error as exc:
+    print("refused", type(exc).__name__, exc)
+"""
+
+
+def _put(path: Path, table: bytes | None, key: bytes, value) -> None:
+    """Write one raw record, as damage or another program would (not through npmdb)."""
+    env = lmdb.open(str(path), max_dbs=20)
+    try:
+        db = env.open_db(table) if table else None
+        with env.begin(write=True) as txn:
+            txn.put(key, msgpack.packb(value), db=db)
+    finally:
+        env.close()
+
+
+@pytest.fixture()
+def two_versions(tmp_path, tiny_encoder) -> Path:
+    path = tmp_path / "db"
+    with npmdb.open(path, encoder=tiny_encoder, progress=False) as db:
+        db.add([{"id": "a", "text": "Salem is the capital of Oregon."}])
+        db.add([{"id": "b", "text": "Rome is the capital of Italy."}])
+    return path
+
+
+def test_two_processes_making_one_database_agree_on_its_encoder(tmp_path, tiny_encoder):
+    """Both used to pass the 'is it new' test and write a config each: the last won, and
+    the other stored vectors of its encoder under it (every dense query then failed). One
+    makes it now; the other finds it made, and is refused for its other encoder."""
+    wide = make_tiny_encoder(tmp_path / "wide", hidden=48)
+    for trial in range(2):
+        path = tmp_path / f"db{trial}"
+        at = time.time() + 4  # both start their open at the same moment
+        procs = [subprocess.Popen([sys.executable, "-c", RACER, str(path), str(enc), str(at),
+                                   name], stdout=subprocess.PIPE, text=True)
+                 for name, enc in (("A", tiny_encoder), ("B", wide))]
+        outs = [p.communicate(timeout=240)[0] for p in procs]
+        assert sorted(o.split()[0] for o in outs) == ["made", "refused"], outs
+        assert "was built with encoder" in next(o for o in outs if o.startswith("refused"))
+        with npmdb.open(path, readonly=True, progress=False) as db:
+            assert db.count() == 1
+            assert db.check().ok
+            dim = int(next(o for o in outs if o.startswith("made")).split()[1])
+            assert db.config["dim"] == dim
+            assert db.fill_mask("Salem is the capital of [MASK].", retrieval="dense", top=1)
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda t: (t / "afile").write_text("x") and t / "afile" / "db",
+     r"cannot make the database directory .*afile/db: Not a directory"),
+    (lambda t: t / ("x" * 300), r"cannot use the database path .*File name too long"),
+    (lambda t: "", r"the database path is empty"),
+    (lambda t: f"{t}/a\0b", r"holds a NUL character"),
+])
+def test_paths_the_os_refuses_are_errors_naming_the_path(tmp_path, tiny_encoder, make, match):
+    """They were NotADirectoryError, OSError and ValueError (a traceback from the CLI), and
+    an empty path made a database in the working directory."""
+    with pytest.raises(npmdb.Error, match=match):
+        npmdb.open(make(tmp_path), encoder=tiny_encoder, progress=False)
+
+
+def test_cli_names_a_path_under_a_file_without_a_traceback(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "doc.txt").write_text("Salem is the capital of Oregon.")
+    r = subprocess.run([sys.executable, "-m", "npmdb", "add", str(tmp_path / "afile" / "db"),
+                        str(tmp_path / "doc.txt")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Not a directory" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_another_programs_lmdb_store_is_refused_and_left_unchanged(tmp_path, tiny_encoder):
+    path = tmp_path / "theirs"
+    env = lmdb.open(str(path))
+    with env.begin(write=True) as txn:
+        txn.put(b"user:1", b"precious")
+    env.close()
+    before = (path / "data.mdb").read_bytes()
+    for kw in ({"encoder": tiny_encoder}, {"create": False}, {"readonly": True}):
+        with pytest.raises(npmdb.OperationalError,
+                           match="LMDB store that is not an npmdb database.*nothing was changed"):
+            npmdb.open(path, progress=False, **kw)
+    assert (path / "data.mdb").read_bytes() == before
+
+
+@pytest.mark.parametrize("fmt, match", [
+    (2, r"has format 2, this npmdb reads format 1: it was written by a newer npmdb; upgrade"),
+    ("1", r"has format '1', this npmdb reads format 1: it is not a format any npmdb wrote"),
+])
+def test_a_config_of_another_format_says_what_to_do(two_versions, fmt, match):
+    env = lmdb.open(str(two_versions), max_dbs=20)
+    meta = env.open_db(b"meta")
+    with env.begin() as txn:
+        config = msgpack.unpackb(txn.get(b"config", db=meta))
+    env.close()
+    _put(two_versions, b"meta", b"config", {**config, "format": fmt})
+    with pytest.raises(npmdb.OperationalError, match=match):
+        npmdb.open(two_versions, progress=False)
+
+
+def test_vacuum_removes_nothing_when_head_names_no_version(two_versions):
+    """check() reported the damage, but vacuum kept only 'HEAD' (no version) and tags and
+    removed every version, segment and document for good."""
+    _put(two_versions, b"meta", b"head", 7)
+    with npmdb.open(two_versions, progress=False) as db:
+        assert "HEAD names version 7, which does not exist" in str(db.check())
+        for call in (db.vacuum, lambda: db.fill_mask("Rome is the capital of [MASK]."),
+                     lambda: db.add(["Paris is the capital of France."])):
+            with pytest.raises(npmdb.OperationalError,
+                               match="damaged: HEAD names version 7, which does not exist"):
+                call()
+        assert db.count(version=1) == 1 and db.count(version=2) == 2  # AS OF still reads
+    _put(two_versions, b"meta", b"head", 2)
+    with npmdb.open(two_versions, progress=False) as db:
+        assert db.check().ok and db.count() == 2
+
+
+@pytest.mark.parametrize("table, key, value, found", [
+    (b"meta", b"head", "x", "head holds 'x', not an id"),
+    (b"meta", b"next_segment", "x", "next_segment holds 'x', not an id"),
+    (b"meta", b"trash", 5, "trash holds 5, not a list of paths"),
+    (b"tags", b"t1", "zz", "tag 't1': holds 'zz', not a version id"),
+    (b"versions", (2).to_bytes(8, "big"), {"id": 2},
+     "a version's manifest is unreadable (KeyError: 'time')"),
+])
+def test_records_of_the_wrong_shape_are_reported_never_raised_raw(two_versions, table, key,
+                                                                  value, found):
+    """check() crashed on them (ValueError, TypeError) and every other call raised int()'s
+    or a KeyError; now check() reports them and the calls that read them say the database
+    is damaged."""
+    with npmdb.open(two_versions, progress=False) as db:
+        db.tag("t1", 1)
+    _put(two_versions, table, key, value)
+    with npmdb.open(two_versions, progress=False) as db:
+        report = db.check()
+        assert not report.ok and found in str(report), str(report)
+        raised = 0
+        for call in (db.versions, lambda: db.add(["Paris is the capital of France."]),
+                     db.vacuum):
+            try:
+                call()
+            except npmdb.OperationalError as exc:
+                assert "the database is damaged" in str(exc)
+                raised += 1
+        assert raised
