@@ -196,7 +196,9 @@ def check_space(root: Path, readers: "list[SegmentReader]", codec: str) -> None:
 
 
 def _size(n: int) -> str:
-    return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+    if n >= 1e8:
+        return f"{n / 1e9:.1f} GB"
+    return f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n / 1e3:.0f} kB"
 
 
 def _writes_ivf(writer: "Writer", head: V.Manifest) -> bool:

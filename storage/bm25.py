@@ -97,6 +97,34 @@ class FieldStats:
         return [bm25_idf(df, self.blocks) for df in self.dfs]
 
 
+def _lock_refused(exc: BaseException) -> bool:
+    """Whether tantivy could not open an index only because it could not write its lock
+    file (a read-only file system, no write permission on the directory)."""
+    text = str(exc)
+    return "Lockfile" in text and any(why in text for why in (
+        "ReadOnlyFilesystem", "PermissionDenied", "Read-only file system",
+        "Permission denied"))
+
+
+def _open_copy(path: Path) -> tuple[tantivy.Index, Any]:
+    """Open a copy of the index at ``path`` in a temporary directory (removed with the
+    handle that holds it)."""
+    import shutil
+    import tempfile
+
+    copy = tempfile.TemporaryDirectory(prefix="npmdb-bm25-")
+    try:
+        target = Path(copy.name) / "bm25"
+        shutil.copytree(path, target, ignore=shutil.ignore_patterns(".tantivy-*.lock"))
+        return tantivy.Index.open(str(target)), copy
+    except (ValueError, OSError, shutil.Error) as exc:
+        copy.cleanup()
+        raise OperationalError(
+            f"cannot open the BM25 index {path}: its directory is read-only and a copy in "
+            f"{tempfile.gettempdir()} failed ({exc}); make the database writable, set TMPDIR "
+            "to a writable directory, or query with retrieval='dense'") from exc
+
+
 class BM25Index:
     """A read-only handle on one segment's BM25 index.
 
@@ -109,10 +137,16 @@ class BM25Index:
     with the global average length."""
 
     def __init__(self, path: Path) -> None:
+        self._copy = None  # a temporary copy, where the index's own directory is read-only
         try:
             self.index = tantivy.Index.open(str(path))
         except (ValueError, OSError) as exc:
-            raise OperationalError(f"cannot open the BM25 index {path}: {exc}") from exc
+            if not _lock_refused(exc):
+                raise OperationalError(f"cannot open the BM25 index {path}: "
+                                       f"{str(exc).removesuffix(' None')}") from exc
+            # tantivy takes a lock file in the index's directory even to read, so a database
+            # on a read-only file system (a read-only volume or mount) reads a copy
+            self.index, self._copy = _open_copy(Path(path))
         self.schema = self.index.schema
         self.searcher = self.index.searcher()
         self._avgdl: dict[str, float] = {}

@@ -139,6 +139,37 @@ class _Gate:
                 self.cond.notify_all()
 
 
+#: Bytes reserved for a new ``lock.mdb`` (LMDB's reader table: 256 readers of 64 bytes and
+#: its header fit).
+LOCK_FILE_BYTES = 64 << 10
+
+
+def _reserve_lock_file(path: Path) -> None:
+    """Allocate a new ``lock.mdb`` before LMDB maps it. LMDB makes it a sparse file and
+    writes through the map: on a full disk the first write is a SIGBUS, which kills the
+    process. Allocated here, a full disk is an OperationalError instead."""
+    if path.exists():
+        return
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return
+    except OSError as exc:
+        raise OperationalError(f"cannot create {path}: {exc.strerror or exc}") from None
+    try:
+        os.posix_fallocate(fd, 0, LOCK_FILE_BYTES)
+        full = False
+    except OSError as exc:
+        # a file system without fallocate (EOPNOTSUPP, EINVAL): LMDB sizes it as before
+        full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    finally:
+        os.close(fd)
+    if full:
+        path.unlink(missing_ok=True)
+        raise OperationalError(f"the disk is full ({path.parent}): cannot create the "
+                               "database's lock file; free some space and retry")
+
+
 class Env:
     """An LMDB environment holding npmdb's sub-databases.
 
@@ -171,6 +202,13 @@ class Env:
 
     def _open(self, readonly: bool, create: bool) -> None:
         data = self.path / "data.mdb"
+        if readonly and data.exists() and data.stat().st_size == 0:  # LMDB: "Bad file descriptor"
+            raise OperationalError(
+                f"{self.path} holds an unfinished npmdb database (its data.mdb is empty: its "
+                "creation was interrupted before anything was committed): open it for "
+                "writing with create=True to initialise it")
+        if not readonly:
+            _reserve_lock_file(self.path / "lock.mdb")
         map_size = max(INITIAL_MAP, _next_pow2(data.stat().st_size * 2) if data.exists() else 0)
         try:
             self.env = lmdb.open(
@@ -178,7 +216,8 @@ class Env:
                 readonly=readonly, create=create and not readonly, lock=True, readahead=False,
                 max_readers=256, meminit=False)
         except lmdb.Error as exc:
-            raise OperationalError(f"cannot open the LMDB store in {self.path}: {exc}") from exc
+            why = "the disk is full" if _is_enospc(exc) else str(exc)
+            raise OperationalError(f"cannot open the LMDB store in {self.path}: {why}") from exc
         try:  # a file shorter than its last committed page would be read past its end (SIGBUS)
             size = data.stat().st_size
             end = (self.env.info()["last_pgno"] + 1) * self.env.stat()["psize"]
@@ -209,6 +248,11 @@ class Env:
                 self.env.close()
                 raise OperationalError(
                     f"{self.path} is not an npmdb database (missing table {name!r})") from None
+            except lmdb.Error as exc:  # making the tables: a full disk
+                self.env.close()
+                why = "the disk is full" if _is_enospc(exc) else str(exc)
+                raise OperationalError(f"cannot open the LMDB store in {self.path}: {why}; "
+                                       "nothing was committed") from None
 
     def close(self) -> None:
         """Let go of the environment; the last handle closes it, once the transactions

@@ -73,7 +73,9 @@ class FileLock:
                     who = f" (pid {holder})" if holder else ""
                     raise OperationalError(
                         f"the database {self.path.parent} is locked by another writer{who}; "
-                        "wait for it to finish, or pass timeout= to wait") from None
+                        "retry when it has finished, or let the call wait: timeout=SECONDS "
+                        "in Python, --timeout SECONDS for `npmdb add` and `npmdb train`"
+                        ) from None
                 time.sleep(0.05)
         try:  # the pid is informational; a full disk must not stop the writer here
             os.ftruncate(fd, 0)

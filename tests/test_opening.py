@@ -171,3 +171,79 @@ def test_records_of_the_wrong_shape_are_reported_never_raised_raw(two_versions, 
                 assert "the database is damaged" in str(exc)
                 raised += 1
         assert raised
+
+
+def _can_mount_read_only() -> bool:
+    import shutil
+
+    if shutil.which("unshare") is None or shutil.which("mount") is None:
+        return False
+    r = subprocess.run(["unshare", "-m", "true"], capture_output=True)
+    return r.returncode == 0
+
+
+READ_ONLY_QUERY = """
+import sys, npmdb
+with npmdb.open(sys.argv[1], readonly=True, progress=False) as db:
+    answers = db.fill_mask("Rome is the capital of [MASK].", top=1)
+    print("ANSWERS", len(answers), "HITS", len(db.search("capital", limit=5)))
+"""
+
+
+@pytest.mark.skipif(not _can_mount_read_only(), reason="needs unshare -m (root) to mount "
+                                                       "a read-only file system")
+def test_bm25_reads_a_database_on_a_read_only_file_system(two_versions, tmp_path):
+    """tantivy takes a lock file even to read: on a read-only mount every BM25 query (the
+    default retrieval) and search failed with "Failed to acquire Lockfile … None"."""
+    script = tmp_path / "q.py"
+    script.write_text(READ_ONLY_QUERY)
+    ro = str(two_versions)
+    r = subprocess.run(
+        ["unshare", "-m", "sh", "-c", f"mount --bind {ro} {ro} && mount -o remount,ro,bind "
+         f"{ro} {ro} && touch {ro}/probe 2>/dev/null && echo WRITABLE; "
+         f"{sys.executable} {script} {ro}"], capture_output=True, text=True, timeout=240)
+    assert "WRITABLE" not in r.stdout
+    assert r.returncode == 0, r.stderr
+    assert "ANSWERS 1 HITS 2" in r.stdout, r.stdout
+
+
+FILL_THEN_OPEN = """
+import os, sys
+from pathlib import Path
+import npmdb
+disk = Path(sys.argv[1])
+with open(disk / "filler", "wb") as fh:
+    try:
+        while True:
+            fh.write(bytes(65536))
+            fh.flush()
+    except OSError:
+        pass
+os.truncate(disk / "filler", os.path.getsize(disk / "filler") - int(sys.argv[3]))
+try:
+    npmdb.open(disk / "db", encoder=sys.argv[2], progress=False).close()
+    print("OPENED")
+except npmdb.Error as exc:
+    print("REFUSED", exc)
+print("LEFT", sorted(os.listdir(disk)))
+"""
+
+
+@pytest.mark.skipif(not _can_mount_read_only(), reason="needs unshare -m (root) to mount "
+                                                       "a small file system")
+@pytest.mark.parametrize("free", [0, 70_000, 100_000])
+def test_making_a_database_on_a_full_disk_is_an_error_not_a_crash(tmp_path, tiny_encoder,
+                                                                   free):
+    """LMDB maps its new, sparse lock file: on a full disk the first write through the
+    map was a SIGBUS that killed the process; with room for that file only, making the
+    tables raised lmdb.DiskError."""
+    script, disk = tmp_path / "fill.py", tmp_path / "disk"
+    script.write_text(FILL_THEN_OPEN)
+    disk.mkdir()
+    r = subprocess.run(
+        ["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=3m tmpfs {disk} && "
+         f"{sys.executable} {script} {disk} {tiny_encoder} {free}"],
+        capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "REFUSED" in r.stdout and "disk is full" in r.stdout, r.stdout
+    assert "LEFT ['filler']" in r.stdout  # the failed creation left nothing
