@@ -14,7 +14,8 @@ from typing import Any, Callable, Iterable, Mapping
 
 from npmdb.errors import ProgrammingError
 
-__all__ = ["MaskedSpec", "ClassifySpec", "DocFilter", "check_options", "check_names", "DEFAULT_K"]
+__all__ = ["MaskedSpec", "ClassifySpec", "DocFilter", "check_options", "check_names", "DEFAULT_K",
+           "MAX_LEN", "RANGES"]
 
 MODES = ("phrase", "token")
 RETRIEVALS = ("dense", "bm25", "hybrid")
@@ -161,6 +162,9 @@ class ClassifySpec:
                 raise ProgrammingError(f"label {label!r} needs one or more non-empty words")
 
 
+#: The longest answer, in tokens, a query may ask for (``max_len``).
+MAX_LEN = 64
+
 #: Accepted ranges of the float options.
 RANGES = {"tau": (1e-3, 1e3), "alpha": (-16.0, 16.0), "bm25_prior": (0.0, 100.0)}
 
@@ -170,7 +174,7 @@ def _validate(spec) -> None:
         raise ProgrammingError(f"the query must be a string, not {type(spec.text).__name__}")
     _int(spec, "k", 1)
     _int(spec, "blocks", 1)
-    _int(spec, "max_len", 1, 64)
+    _int(spec, "max_len", 1, MAX_LEN)
     _int(spec, "top", 0)
     _int(spec, "offset", 0)
     _int(spec, "evidence", 0)

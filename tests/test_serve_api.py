@@ -685,3 +685,111 @@ def test_405_has_allow_and_error_pages_know_write_mode(writer):
     assert r.status_code == 405 and r.headers["allow"] == "POST"
     r = c.get("/documents/nope", headers=auth)
     assert r.status_code == 404 and "read-write" in r.text and "read-only" not in r.text
+
+
+# ---------------------------------------------------------------- limits the hunt found open
+
+@pytest.mark.parametrize("port", ["65536", "99999", "-5"])
+def test_serve_refuses_a_port_out_of_range(port, capsys):
+    """The OS would wrap 99999 to 34463 (and 65536 to any free port): refused before the
+    database is opened or anything is bound."""
+    from npmdb.cli import main
+
+    assert main(["serve", "/nonexistent", "--port", port]) == 2
+    err = capsys.readouterr().err
+    assert f"--port must be 0 to 65535 (0: any free port), got {port}" in err
+    assert "http://" not in err
+
+
+def test_serve_prints_the_url_it_listens_on_and_none_when_it_cannot(versioned_db_path):
+    """--port 0 prints the port it got; a second server on that port fails without
+    printing a URL (or a generated token) first."""
+    cmd = [sys.executable, "-m", "npmdb", "serve", str(versioned_db_path), "--port"]
+    first = subprocess.Popen(cmd + ["0"], stderr=subprocess.PIPE, text=True)
+    try:
+        banner = first.stderr.readline()
+        assert banner.startswith("npmdb serve: http://127.0.0.1:"), banner
+        port = int(banner.split("http://127.0.0.1:")[1].split("/")[0])
+        assert port != 0
+        import urllib.request
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/versions", timeout=30) as r:
+            assert r.status == 200
+        second = subprocess.run(cmd + [str(port), "--write"], capture_output=True, text=True,
+                                timeout=120)
+        assert second.returncode == 2 and "http://" not in second.stderr
+        assert "generated" not in second.stderr   # a token for a server that never ran
+        assert f"could not listen on 127.0.0.1:{port}" in second.stderr
+    finally:
+        first.terminate()
+        first.wait(timeout=60)
+        first.stderr.close()
+
+
+@pytest.mark.parametrize("shards,seconds", [(2, 5.0), (None, 0)])
+def test_serve_checks_its_arguments_before_generating_a_token(versioned_db_path, shards,
+                                                              seconds, capsys):
+    from types import SimpleNamespace
+
+    import npmdb
+    from npmdb.serve import main
+
+    args = SimpleNamespace(db=str(versioned_db_path), host="127.0.0.1", port=0, token=None,
+                           write=True, time_limit=seconds, shards=shards, ray=False)
+    with pytest.raises(npmdb.ProgrammingError):
+        main(args)
+    assert "generated" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("statement,params", [
+    ("SELECT phrase FROM MASKED(?)", ["Doha " * 500 + "is [MASK]."]),
+    ("SELECT phrase FROM EVIDENCE(:q)", {"q": "Doha " * 500 + "is [MASK]."}),
+    ("SELECT doc_id FROM SEARCH(:q)", {"q": "Doha " * 500}),
+    ("SELECT id FROM DOCUMENTS WHERE id IN (?, ?)", ["a", ["b" * 2001]]),
+])
+def test_sql_params_keep_the_query_length(client, statement, params):
+    e = error_of(client.post("/api/sql", json={"query": statement, "params": params}), 413)
+    assert e["type"] == "PayloadTooLarge" and "the limit is 2000" in e["message"]
+    assert e["message"].startswith("'params")
+
+
+def test_sql_offset_keeps_the_offset_limit_of_fill_mask(client):
+    for statement in ("SELECT phrase FROM MASKED(?) USING bm25 LIMIT 100 OFFSET 1000000000",
+                      "SELECT label FROM CLASSIFY(?, LABELS(a = 'Qatar')) OFFSET 10001"):
+        e = error_of(client.post("/api/sql", json={"query": statement, "params": [Q]}), 400)
+        assert e["type"] == "LimitExceeded" and e["message"].startswith("offset=")
+        assert e["limit"] == 10_000
+    r = client.post("/api/sql", json={"query": "SELECT phrase FROM MASKED(?) USING bm25 "
+                                               "LIMIT 5 OFFSET 10000", "params": [Q]})
+    assert r.status_code == 200, r.text
+
+
+def test_documents_page_zero_is_refused(client):
+    r = client.get("/documents", params={"page": "0"})
+    assert r.status_code == 400 and "page must be 1 to 50,001, got 0" in r.text
+
+
+def test_query_page_inputs_take_what_the_api_takes(client):
+    """The page's bounds on max_len and tau are the API's: the bounds run, just past them
+    is refused."""
+    import re
+
+    page = client.get("/").text
+    bounds = {name: dict(re.findall(r'(min|max)="([^"]+)"', tag)) for name, tag in
+              re.findall(r'<input name="(max_len|tau)"([^>]*)>', page)}
+    assert set(bounds) == {"max_len", "tau"} and all(len(b) == 2 for b in bounds.values())
+    most_len, least_tau = int(bounds["max_len"]["max"]), float(bounds["tau"]["min"])
+    ok = {"query": Q, "retrieval": "bm25", "top": 1}
+    for opts in ({"max_len": most_len}, {"max_len": int(bounds["max_len"]["min"])},
+                 {"tau": least_tau}, {"tau": float(bounds["tau"]["max"])}):
+        assert client.post("/api/fill_mask", json=ok | opts).status_code == 200, opts
+    for opts in ({"max_len": most_len + 1}, {"tau": least_tau / 2}):
+        assert client.post("/api/fill_mask", json=ok | opts).status_code == 400, opts
+
+
+def test_negative_version_in_a_query_string_is_an_id(client):
+    said = error_of(client.post("/api/fill_mask", json={"query": Q, "version": -1}),
+                    400)["message"]
+    assert said.startswith("no version -1: version ids are integers >= 0")
+    assert error_of(client.get("/api/documents", params={"version": "-1"}), 400)[
+        "message"] == said
+    assert error_of(client.get("/api/diff", params={"a": "-1"}), 400)["message"] == said

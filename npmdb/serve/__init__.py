@@ -15,12 +15,13 @@ import ipaddress
 import os
 import secrets
 import sys
+from dataclasses import replace
 from typing import Any
 
-from ..errors import NotSupportedError, ProgrammingError
+from ..errors import NotSupportedError, OperationalError, ProgrammingError
 from .settings import Settings
 
-__all__ = ["create_app", "Settings", "main", "is_loopback"]
+__all__ = ["create_app", "Settings", "main", "is_loopback", "check_port"]
 
 
 def create_app(db_path: str | os.PathLike, settings: Settings | None = None) -> Any:
@@ -44,14 +45,12 @@ def is_loopback(host: str) -> bool:
 
 
 def main(args: Any) -> int:
-    """``npmdb serve``: check the safety rules, then run uvicorn."""
+    """``npmdb serve``: check the safety rules and the arguments, then run uvicorn."""
     token = args.token or os.environ.get("NPMDB_TOKEN") or None
     if not is_loopback(args.host) and not token:
         raise ProgrammingError(f"binding {args.host} (not loopback) needs an access token: "
                                "--token TOKEN or NPMDB_TOKEN=TOKEN")
-    if args.write and not token:
-        token = secrets.token_urlsafe(18)
-        print(f"npmdb serve: --write without a token; generated one: {token}", file=sys.stderr)
+    check_port(args.port)
     shards = getattr(args, "shards", None)
     if getattr(args, "ray", False) and shards is None:
         raise ProgrammingError("--ray serves sharded search: give --shards N")
@@ -60,14 +59,45 @@ def main(args: Any) -> int:
                                "another handle; the shards read each new version)")
     settings = Settings(token=token, write=args.write, time_limit=args.time_limit,
                         shards=shards, engine="ray" if getattr(args, "ray", False) else "local")
+    generated = args.write and not token  # after every check: told once it listens
+    if generated:
+        token = secrets.token_urlsafe(18)
+        settings = replace(settings, token=token)
     app = create_app(args.db, settings)
     try:
         import uvicorn
     except ImportError as exc:
         raise NotSupportedError("npmdb serve needs uvicorn: pip install 'npmdb[serve]'") from exc
-    shown = f"[{args.host}]" if ":" in args.host else args.host
-    print(f"npmdb serve: http://{shown}:{args.port}/"
-          + (f"?token={token}" if token else "")
-          + f"  ({'read-write' if args.write else 'read-only'}; Ctrl-C stops)", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+
+    class Listening(uvicorn.Server):
+        """Prints the URL (and a generated token) once the socket listens; uvicorn exits
+        before that when it cannot listen."""
+
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            port = self.servers[0].sockets[0].getsockname()[1]  # --port 0: the one it got
+            if generated:
+                print(f"npmdb serve: --write without a token; generated one: {token}",
+                      file=sys.stderr)
+            shown = f"[{args.host}]" if ":" in args.host else args.host
+            print(f"npmdb serve: http://{shown}:{port}/"
+                  + (f"?token={token}" if token else "")
+                  + f"  ({'read-write' if args.write else 'read-only'}; Ctrl-C stops)",
+                  file=sys.stderr)
+
+    server = Listening(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning"))
+    try:
+        server.run()
+    except SystemExit:
+        if server.started:
+            raise
+        raise OperationalError(f"npmdb serve could not listen on {args.host}:{args.port} "
+                               "(the reason is above): is the port in use? Pick another "
+                               "with --port") from None
     return 0
+
+
+def check_port(port: Any) -> None:
+    """A TCP port: 0 (any free port) to 65535; the OS would wrap a larger one silently."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ProgrammingError(f"--port must be 0 to 65535 (0: any free port), got {port!r}")

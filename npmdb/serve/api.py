@@ -64,10 +64,31 @@ def _query(data: dict, server: Server, key: str = "query") -> str:
     q = data.get(key)
     if not isinstance(q, str) or not q.strip():
         raise ApiError(400, "BadRequest", f"'{key}' must be a non-empty string")
-    if len(q) > server.settings.max_query:
-        raise ApiError(413, "PayloadTooLarge", f"'{key}' is {len(q)} characters; the limit is "
-                       f"{server.settings.max_query}")
+    check_length(f"'{key}'", q, server)
     return q
+
+
+def check_length(name: str, text: str, server: Server) -> None:
+    """A 413 PayloadTooLarge when ``text`` is over the server's query length."""
+    if len(text) > server.settings.max_query:
+        raise ApiError(413, "PayloadTooLarge", f"{name} is {len(text)} characters; the limit "
+                       f"is {server.settings.max_query}: send a shorter text")
+
+
+def check_params(server: Server, params: Any) -> None:
+    """Refuse a SQL parameter holding a text over the query length: a masked query bound
+    as ``?`` or ``:name`` is as bounded as one written in the statement."""
+    if not params:
+        return
+    named = isinstance(params, dict)
+    for key, value in (params.items() if named else enumerate(params)):
+        stack = [value]
+        while stack:  # the strings anywhere inside it (iterative: JSON nests deeply)
+            v = stack.pop()
+            if isinstance(v, str):
+                check_length(f"'params.{key}'" if named else f"'params[{key}]'", v, server)
+            elif isinstance(v, (list, dict)):
+                stack.extend(v.values() if isinstance(v, dict) else v)
 
 
 def check_options(data: dict, allowed: tuple[str, ...], server: Server,
@@ -100,12 +121,14 @@ def check_limit(name: str, value: int, most: int, how: str = "") -> None:
 
 
 def check_statement(server: Server, text: str, params: Any) -> None:
-    """Refuse a SQL statement that would run with k, blocks, top or evidence over the
-    server's limits (as /api/fill_mask does); a plain EXPLAIN runs nothing and passes. A
-    statement that does not compile is left to ``db.sql``, which reports it."""
+    """Refuse a SQL statement that would run with k, blocks, top, offset or evidence over
+    the server's limits, or with a parameter over the query length (as /api/fill_mask
+    does); a plain EXPLAIN runs nothing and passes. A statement that does not compile is
+    left to ``db.sql``, which reports it."""
     from npmdb.query import ast as A
     from npmdb.query.sql import prepare
 
+    check_params(server, params)
     try:
         stmt, compiled, _ = prepare(text, params)
     except Error:  # db.sql raises the same error, with its position
@@ -117,7 +140,8 @@ def check_statement(server: Server, text: str, params: Any) -> None:
     checks = [("k", spec.k, s.max_k, " (USING dense/hybrid/exact(k => N) or WITH k = N)"),
               ("blocks", spec.blocks, s.max_blocks,
                " (USING bm25/hybrid(blocks => N) or WITH blocks = N)"),
-              ("evidence", spec.evidence, s.max_evidence, " (WITH evidence = N)")]
+              ("evidence", spec.evidence, s.max_evidence, " (WITH evidence = N)"),
+              ("offset", spec.offset, s.max_rows, " (the OFFSET of a masked query)")]
     if not isinstance(spec, ClassifySpec):  # CLASSIFY: every label, as many as given
         checks.append(("top", spec.top, s.max_top, " (the LIMIT of a masked query)"))
     for name, value, most, how in checks:
@@ -250,8 +274,8 @@ def routes(server: Server) -> list[Route]:
                            f"0 to {MAX_OFFSET:,}; got limit={limit}, offset={offset}",
                            limit=s.max_page)
         q = p.get("q") or None
-        if q is not None and len(q) > s.max_query:
-            raise ApiError(413, "PayloadTooLarge", f"'q' is over {s.max_query} characters")
+        if q is not None:
+            check_length("'q'", q, server)
         page = await server.call(page_of_documents, server, p.get("version"), q, offset, limit)
         return StrictJSONResponse(page)
 

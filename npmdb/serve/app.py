@@ -23,6 +23,7 @@ from __future__ import annotations
 import hmac
 import json
 import os
+import re
 import threading
 from functools import partial
 from pathlib import Path
@@ -116,8 +117,8 @@ class Server:
             if vid is None:
                 raise ApiError(400, "ProgrammingError", "the database has no versions yet")
             return vid
-        if isinstance(ref, str):
-            ref = parse_ref(ref)
+        if isinstance(ref, str):  # "-1" is no tag (a tag name is never a number): an id
+            ref = int(ref) if re.fullmatch(r"-[0-9]+", ref) else parse_ref(ref)
         if isinstance(ref, bool) or not isinstance(ref, (int, str)):
             raise ApiError(400, "BadRequest", f"version must be an id or a tag, got {ref!r}")
         return self.db.checkout(ref).version

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from npmdb.query.spec import RANGES
+from npmdb.query.spec import MAX_LEN, RANGES
 
 from .settings import MAX_OFFSET, Settings
 
@@ -50,7 +50,7 @@ def schema(settings: Settings) -> dict[str, Any]:
         "k": {"type": "integer", "minimum": 1, "maximum": s.max_k, "default": 1024},
         "mode": {"enum": ["phrase", "token"], "default": "phrase"},
         "blocks": {"type": "integer", "minimum": 1, "maximum": s.max_blocks, "default": 3},
-        "max_len": {"type": "integer", "minimum": 1, "maximum": 64, "default": 10},
+        "max_len": {"type": "integer", "minimum": 1, "maximum": MAX_LEN, "default": 10},
         "tau": {"type": "number", **_range("tau"), "default": 1.0},
         "alpha": {"type": "number", **_range("alpha"), "default": 0.0},
         "exact": {"type": "boolean", "default": False},

@@ -10,6 +10,8 @@ from starlette.requests import Request
 from starlette.routing import Route
 from starlette.templating import Jinja2Templates
 
+from npmdb.query.spec import MAX_LEN, RANGES
+
 from .api import MAX_OFFSET, occurrences, page_of_documents
 from .app import ApiError, Server
 
@@ -62,7 +64,8 @@ def routes(server: Server, templates: Jinja2Templates) -> list[Route]:
 
     async def index(request: Request):
         vs = await server.call(db.versions)
-        return render(request, "query.html", versions=vs, limits=s)
+        return render(request, "query.html", versions=vs, limits=s,
+                      ranges=RANGES | {"max_len": (1, MAX_LEN)})
 
     async def sql_page(request: Request):
         return render(request, "sql.html", limits=s)
@@ -70,7 +73,8 @@ def routes(server: Server, templates: Jinja2Templates) -> list[Route]:
     async def documents(request: Request):
         p = request.query_params
         per = 20
-        page = _int(p.get("page")) or 1
+        page = _int(p.get("page"))
+        page = 1 if page is None else page
         last = MAX_OFFSET // per + 1
         if not 1 <= page <= last:
             raise ApiError(400, "BadRequest", f"page must be 1 to {last:,}, got {page}")
