@@ -115,6 +115,15 @@ def main(argv=None) -> int:
     ap.add_argument("--verbalizer", choices=sorted(VERBALIZERS), default="single",
                     help="sentiment label words: 'single' (great / terrible) or 'fuzzy'")
     args = ap.parse_args(argv)
+    import npmdb
+
+    try:
+        return run(args, ap)
+    except npmdb.Error as exc:  # a bad version, option or question: say so, no traceback
+        ap.error(str(exc))
+
+
+def run(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     tasks = [t for t in args.tasks.split(",") if t]
     if unknown := [t for t in tasks if t not in TASK_FILES]:
         ap.error(f"unknown task {', '.join(unknown)}: --tasks takes {','.join(TASK_FILES)}")
@@ -147,25 +156,25 @@ def main(argv=None) -> int:
         out["stats"] = {k: v for k, v in db.stats().items() if k != "config"}
         from npmdb.train.sources import held_out
 
-        def lim(rows):
+        def lim(task: str) -> list[dict]:
+            rows = load_jsonl(data / f"{task}.jsonl")
             if args.split != "all":
                 want = args.split == "held-out"
                 rows = [r for r in rows if r.get("support_ids")
                         and all(held_out(i) for i in r["support_ids"]) == want]
+            if not rows:
+                where = (f"--split {args.split} (only rows with support_ids are split)"
+                         if args.split != "all" else str(data / f"{task}.jsonl"))
+                print(f"{task}: no queries in {where}; skipped", file=sys.stderr)
+                out["empty"].append(task)
             return rows[: args.limit] if args.limit else rows
-        out["split"] = args.split
+        out["split"], out["empty"] = args.split, []
         kw = {"k": args.k} if args.k else {}
-        if "cloze" in tasks:
-            rows = lim(load_jsonl(data / "cloze.jsonl"))
-            out["tasks"]["cloze"] = {m: evaluate_cloze(db, rows, m, version=version,
-                                                       options=options, **kw)
-                                     for m in modes}
-        if "translation" in tasks:
-            rows = lim(load_jsonl(data / "translation.jsonl"))
-            out["tasks"]["translation"] = {m: evaluate_cloze(db, rows, m, max_len=20,
-                                                             version=version,
-                                                             options=options, **kw)
-                                           for m in modes}
+        for task, max_len in (("cloze", 10), ("translation", 20)):
+            if task in tasks and (rows := lim(task)):
+                out["tasks"][task] = {m: evaluate_cloze(db, rows, m, max_len=max_len,
+                                                        version=version, options=options, **kw)
+                                      for m in modes}
     if "sentiment" in tasks:
         # Reviews are the reference corpus for sentiment (data README); they are encoded
         # with the same encoder as the evaluated version, so a trained generation is
@@ -193,12 +202,26 @@ def main(argv=None) -> int:
     return 0
 
 
+#: Query options a flag of this report sets, and the flag.
+FLAG_OPTIONS = {"k": "--k", "version": "--version", "retrieval": "--modes"}
+#: Query options the report sets itself, and why.
+FIXED_OPTIONS = {"max_len": "each task sets it (10 for cloze, 20 for translation: NPM's)",
+                 "evidence": "the report asks for answers without evidence"}
+
+
 def parse_options(items: list[str], ap: argparse.ArgumentParser) -> dict:
     """``NAME=VALUE`` pairs as query options: true/false, integers and numbers typed."""
     try:
-        return parse_assignments(items, "--option")
+        options = parse_assignments(items, "--option")
     except ValueError as exc:
         ap.error(str(exc))
+    for name in options:
+        if name in FLAG_OPTIONS:
+            ap.error(f"--option {name}=... repeats the flag {FLAG_OPTIONS[name]}: give it as "
+                     "the flag")
+        if name in FIXED_OPTIONS:
+            ap.error(f"--option {name}=...: {FIXED_OPTIONS[name]}; drop it")
+    return options
 
 
 def render(out: dict) -> str:
@@ -225,6 +248,7 @@ def render(out: dict) -> str:
                      + (f"; calibrated {cal:.1f}" if cal is not None else "") + f") | {mode} | {r['n']} | "
                      f"{r['accuracy']:.1f} | | | | | | | "
                      f"{r['seconds']:.0f} |")
+    lines += [f"\n{task}: no queries in this split (n = 0)" for task in out.get("empty", ())]
     for task in ("cloze", "translation"):
         runs = out["tasks"].get(task, {})
         if not runs:

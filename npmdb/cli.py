@@ -276,17 +276,24 @@ def cmd_train(args) -> int:
 
 def cmd_eval(args) -> int:
     import npmdb
-    from .evaluation import load_questions
+    from .evaluation import check_settings, load_questions
     from .storage.versions import parse_ref
 
+    if args.questions_out and not args.json:
+        raise ProgrammingError("--questions-out adds each question's top answer to the JSON "
+                               "output: give --json too")
     options = _fill_options(args, ("retrieval", "max_len", "version"))
     questions = load_questions(args.questions)
-    retrievals = [r.strip() for r in args.retrieval.split(",") if r.strip()]
+    # every retrieval and version is checked (each once) before the first question is asked
+    retrievals = list(dict.fromkeys(r.strip() for r in args.retrieval.split(",") if r.strip()))
     if not retrievals:
         raise ProgrammingError(f"--retrieval {args.retrieval!r} names no retrieval: give "
                                "bm25, dense or hybrid, or several joined by commas")
-    versions = [parse_ref(v) for v in args.version or []] or [None]
+    for r in retrievals:
+        check_settings(r, args.max_len, options)
     with npmdb.open(args.db, create=False, readonly=True, progress=False) as db:
+        versions = list(dict.fromkeys(db.checkout(parse_ref(v)).version  # tags: ids, once
+                                      for v in args.version or ["HEAD"]))
         runs = [npmdb.evaluate(db, questions, version=v, retrieval=r, max_len=args.max_len,
                                progress=False if args.quiet else None, **options)
                 for v in versions for r in retrievals]

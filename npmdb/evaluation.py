@@ -42,16 +42,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
+from .arguments import check_text
 from .errors import DataError, NotSupportedError, ProgrammingError
 from .progress import progress_bar
+from .query.spec import MaskedSpec, check_options
 from .query.text import split_mask
 
 if TYPE_CHECKING:  # pragma: no cover
     from .database import Database
 
 __all__ = ["Question", "QuestionResult", "Evaluation", "Comparison", "Decision",
-           "load_questions", "evaluate", "compare", "keep_if_better", "mcnemar_exact",
-           "normalize_answer", "exact_match", "length_bucket", "COLUMNS"]
+           "load_questions", "evaluate", "check_settings", "compare", "keep_if_better",
+           "mcnemar_exact", "normalize_answer", "exact_match", "length_bucket", "COLUMNS"]
 
 _PUNCT = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -91,6 +93,7 @@ class Question:
 
     def __post_init__(self) -> None:
         split_mask(self.query)  # exactly one mask, or a clear ProgrammingError
+        check_text(self.query, "the query")
         try:
             answers = () if isinstance(self.answers, str) else tuple(self.answers)
         except TypeError:
@@ -99,7 +102,16 @@ class Question:
             raise ProgrammingError(f"question {self.query!r}: answers must be a non-empty "
                                    f"list of non-empty strings, got {self.answers!r}")
         object.__setattr__(self, "answers", answers)
-        if not isinstance(self.length, int) or self.length < 0:
+        for name in ("relation", "id"):  # grouped, sorted and written out as text
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise ProgrammingError(f"question {self.query!r}: {name} must be a string "
+                                       f"(\"\" for none), got {type(value).__name__} {value!r}")
+        check_text(answers, f"question {self.query!r}: an answer")
+        check_text(self.relation, f"question {self.query!r}: the relation")
+        check_text(self.id, f"question {self.query!r}: the id")
+        if isinstance(self.length, bool) or not isinstance(self.length, int) or \
+                self.length < 0:
             raise ProgrammingError(f"question {self.query!r}: length must be a whole number "
                                    f"of words, got {self.length!r}")
         if self.length == 0:
@@ -123,13 +135,26 @@ class Question:
         if not isinstance(answers, (str, list, tuple)):
             raise ProgrammingError(f"question {row['query']!r}: answers must be a list of "
                                    f"strings, got {answers!r}")
-        length = row.get("answer_ngram") or 0
-        if isinstance(length, bool) or not isinstance(length, int):
+        length = row.get("answer_ngram")
+        length = 0 if length is None else length
+        if isinstance(length, bool) or not isinstance(length, int) or length < 0:
             raise ProgrammingError(f"question {row['query']!r}: answer_ngram must be a whole "
                                    f"number of words, got {length!r}")
         return cls(query=row["query"], answers=(answers,) if isinstance(answers, str)
-                   else tuple(answers), relation=str(row.get("relation") or ""),
-                   id="" if row.get("id") is None else str(row["id"]), length=length)
+                   else tuple(answers), relation=_label_text(row, "relation"),
+                   id=_label_text(row, "id"), length=length)
+
+
+def _label_text(row: Mapping[str, Any], name: str) -> str:
+    """A question's ``relation`` or ``id`` as read from JSON: a string or a number, as
+    text ("" when absent or null); anything else is refused."""
+    value = row.get(name)
+    if value is None:
+        return ""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ProgrammingError(f"question {row['query']!r}: {name} must be a string or a "
+                               f"number, got {value!r}")
+    return str(value)
 
 
 def load_questions(source: str | Path | Iterable[Mapping[str, Any] | Question]
@@ -293,34 +318,52 @@ class Evaluation:
 
 
 def evaluate(db: "Database", questions: str | Path | Iterable[Mapping[str, Any] | Question], *,
-             version: int | str | None = None, retrieval: str = "bm25", max_len: int = 10,
-             progress: bool | None = None, **options: Any) -> Evaluation:
+             version: int | str | None = None, retrieval: str | None = "bm25",
+             max_len: int = 10, progress: bool | None = None, **options: Any) -> Evaluation:
     """Ask each question with ``db.fill_mask(query, top=1, ...)`` at ``version`` (None:
-    HEAD) and score its top answer by exact match. ``options`` go to ``fill_mask`` (for
+    HEAD; a tag or HEAD is resolved once, so a commit during the run changes no answer)
+    and score its top answer by exact match. ``options`` go to ``fill_mask`` (for
     example ``k``, ``blocks``, ``bm25_prior``), the same for every question."""
     qs = load_questions(questions)
-    for bad in ("top", "evidence", "query"):
-        if bad in options:
-            raise ProgrammingError(f"evaluate asks for the top answer itself; drop {bad}=")
+    retrieval = check_settings(retrieval, max_len, options)
+    with db.snapshot(version) as snap:  # one version for every question, though HEAD moves
+        pinned, generation = snap.manifest.id, snap.generation
     results = []
-    ver = gen = None
     t0 = time.perf_counter()
-    bar = progress_bar(len(qs), f"evaluating version {version if version is not None else 'HEAD'}"
-                       f" ({retrieval})", progress, unit="q")
+    bar = progress_bar(len(qs), f"evaluating version {pinned} ({retrieval})", progress,
+                       unit="q")
     try:
         for q in qs:
             res = db.fill_mask(q.query, top=1, evidence=0, retrieval=retrieval,
-                               max_len=max_len, version=version, **options)
-            ver, gen = res.version, res.generation
+                               max_len=max_len, version=pinned, **options)
             pred = res.top.text if res.top else None
             results.append(QuestionResult(q.id, q.query, q.answers, q.relation, q.bucket, pred,
                                           exact_match(pred, q.answers)))
             bar.update(1)
     finally:
         bar.close()
-    return Evaluation(version=int(ver), generation=int(gen), retrieval=retrieval,
+    return Evaluation(version=int(pinned), generation=int(generation), retrieval=retrieval,
                       options=dict(options, max_len=max_len), results=tuple(results),
                       seconds=time.perf_counter() - t0)
+
+
+def check_settings(retrieval: str | None, max_len: int, options: Mapping[str, Any]) -> str:
+    """The retrieval :func:`evaluate` asks with for these settings (None: ``fill_mask``'s
+    default), or a ProgrammingError before any question is asked: for a setting that
+    ``fill_mask`` refuses, or one that changes which answer is scored."""
+    for bad in ("top", "evidence", "query"):
+        if bad in options:
+            raise ProgrammingError(f"evaluate asks for the top answer itself; drop {bad}=")
+    if "offset" in options:
+        raise ProgrammingError("evaluate scores the top answer; offset= would score a later "
+                               "one instead: drop offset=")
+    if options.get("group_by") == "document":
+        raise ProgrammingError("evaluate scores the top answer's text, and group_by="
+                               "'document' answers with document ids: drop group_by= (or "
+                               "give 'phrase', 'tokens' or 'word')")
+    check_options(MaskedSpec, options)
+    return MaskedSpec("[MASK]", top=1, evidence=0, retrieval=retrieval, max_len=max_len,
+                      **options).retrieval
 
 
 def mcnemar_exact(gained: int, lost: int) -> float:
@@ -469,10 +512,12 @@ def keep_if_better(db: "Database", questions: str | Path | Iterable[Mapping[str,
     before = db.checkout(before).version  # a tag or a digit string: its id
     head = db.version
     kw = dict(retrieval=retrieval, max_len=max_len, progress=progress, **options)
-    c = compare(evaluate(db, qs, version=before, **kw), evaluate(db, qs, **kw))
+    c = compare(evaluate(db, qs, version=before, **kw), evaluate(db, qs, version=head, **kw))
     if c.after.micro > c.before.micro:
+        moved = (f"; HEAD is now version {db.version}, committed while the questions were "
+                 "asked" if db.version != head else "")
         return Decision(c, True, None, f"kept version {head}: it answers more of the "
-                        f"{c.n} questions than version {before}")
+                        f"{c.n} questions than version {before}{moved}")
     with db._writing().hold():  # nothing commits between the checks and the restore
         why = _other_changes(db, before, head, trained)
         if why:

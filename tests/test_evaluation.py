@@ -355,6 +355,179 @@ def test_cli_compares_versions(planted, tmp_path, capsys):
     assert "line 1" in capsys.readouterr().err
 
 
+def _commit_during(monkeypatch, db, path, at: int, ref: int) -> list[int]:
+    """Another handle restores version ``ref`` just before ``db``'s ``at``-th question is
+    asked (a commit while an evaluation runs); returns the list the new version goes to."""
+    real, asked, committed = db.fill_mask, [0], []
+
+    def fill_mask(*args, **kwargs):
+        asked[0] += 1
+        if asked[0] == at:
+            with npmdb.open(path, progress=False) as writer:
+                committed.append(writer.restore(ref))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(db, "fill_mask", fill_mask)
+    return committed
+
+
+def test_a_commit_during_an_evaluation_changes_no_answer(planted, monkeypatch):
+    same = [dict(q, id=str(i)) for i, q in enumerate([QUESTIONS[0]] * 4)]
+    with npmdb.open(planted, progress=False) as db:
+        committed = _commit_during(monkeypatch, db, planted, at=3, ref=1)
+        ev = npmdb.evaluate(db, same)
+    # every question at version 2 (HEAD when the call started), where Salem's entry is gone
+    assert committed == [3] and ev.version == 2
+    assert not any(r.predicted == "Oregon" for r in ev.results)
+
+
+def test_keep_if_better_judges_the_head_it_found(planted, monkeypatch):
+    with npmdb.open(planted, progress=False) as db:
+        trained = db.restore(1)  # answers 50 % against version 2's 25 %
+        # another writer puts version 2's documents back while HEAD's questions are asked
+        committed = _commit_during(monkeypatch, db, planted, at=len(QUESTIONS) + 2, ref=2)
+        d = keep_if_better(db, QUESTIONS, before=2, trained=[trained], progress=False)
+    assert committed == [trained + 1]
+    assert d.kept and d.comparison.after.version == trained
+    assert d.comparison.delta == pytest.approx(25.0)
+    assert f"HEAD is now version {trained + 1}" in d.reason
+
+
+def test_options_that_change_the_scored_answer_are_refused(planted):
+    with npmdb.open(planted, progress=False) as db:
+        with pytest.raises(npmdb.ProgrammingError, match="offset= would score a later one"):
+            npmdb.evaluate(db, QUESTIONS, offset=1)
+        with pytest.raises(npmdb.ProgrammingError, match="answers with document ids"):
+            npmdb.evaluate(db, QUESTIONS, group_by="document")
+
+
+def test_an_evaluation_is_labelled_with_the_retrieval_that_asked(planted):
+    with npmdb.open(planted, progress=False) as db:  # None: fill_mask's default
+        assert npmdb.evaluate(db, QUESTIONS, retrieval=None, version=1).retrieval == "bm25"
+
+
+def test_questions_hold_text_only(tmp_path):
+    query = "Salem is in [MASK]."
+    for kwargs, what in ((dict(query="\ud800 is in [MASK]."), "the query"),
+                         (dict(answers=("Ore\udc80gon",)), "an answer"),
+                         (dict(relation="cap\ud800"), "the relation"),
+                         (dict(id="q\ud800"), "the id")):
+        with pytest.raises(npmdb.ProgrammingError, match=f"{what} contains a lone surrogate"):
+            Question(**dict(dict(query=query, answers=("Oregon",)), **kwargs))
+    # in a file (a JSON escape, valid UTF-8): the file and the line, when it is read
+    qfile = tmp_path / "q.jsonl"
+    qfile.write_text(json.dumps(QUESTIONS[0]) + "\n"
+                     + '{"query": "a [MASK].", "answers": ["x"], "id": "\\udc80"}\n')
+    with pytest.raises(npmdb.DataError, match=r"q\.jsonl, line 2: .*the id contains a lone"):
+        load_questions(qfile)
+
+
+def test_questions_have_text_labels_and_a_whole_length():
+    query = "Salem is in [MASK]."
+    for kwargs, match in ((dict(length=True), "length must be a whole number"),
+                          (dict(id=7), "id must be a string"),
+                          (dict(relation=None), "relation must be a string")):
+        with pytest.raises(npmdb.ProgrammingError, match=match):
+            Question(query, ("Oregon",), **kwargs)
+    row = {"query": query, "answers": ["Oregon"]}
+    for extra, match in (({"answer_ngram": False}, "answer_ngram must be"),
+                         ({"answer_ngram": -1}, "answer_ngram must be"),
+                         ({"relation": ["a", "b"]}, "relation must be a string or a number")):
+        with pytest.raises(npmdb.ProgrammingError, match=match):
+            Question.from_dict(dict(row, **extra))
+    assert Question.from_dict(dict(row, relation=17, id=None)).relation == "17"
+
+
+def _question_file(tmp_path):
+    qfile = tmp_path / "questions.jsonl"
+    qfile.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    return qfile
+
+
+def _count_runs(monkeypatch) -> list[dict]:
+    """The keyword arguments of each ``npmdb.evaluate`` call (the real one) from now."""
+    real, runs = npmdb.evaluate, []
+    monkeypatch.setattr(npmdb, "evaluate", lambda *a, **k: runs.append(k) or real(*a, **k))
+    return runs
+
+
+def test_cli_eval_checks_every_run_before_the_first(planted, tmp_path, capsys, monkeypatch):
+    qfile, runs = _question_file(tmp_path), _count_runs(monkeypatch)
+    for extra, said in ((["--retrieval", "bm25,bmm25"], "'bmm25'"),
+                        (["--version", "1", "--version", "99"], "no version 99"),
+                        (["--option", "offset=1"], "offset=")):
+        assert main(["eval", str(planted), str(qfile), "-q", *extra]) == 2
+        assert said in capsys.readouterr().err and runs == []
+
+
+def test_cli_eval_runs_each_retrieval_and_version_once(planted, tmp_path, capsys,
+                                                       monkeypatch):
+    qfile, runs = _question_file(tmp_path), _count_runs(monkeypatch)
+    with npmdb.open(planted, progress=False) as db:
+        db.tag("one", 1)  # a tag of version 1 is version 1
+    assert main(["eval", str(planted), str(qfile), "-q", "--retrieval", "bm25,bm25",
+                 "--version", "1", "--version", "one", "--version", "2"]) == 0
+    out = capsys.readouterr().out
+    assert [(k["version"], k["retrieval"]) for k in runs] == [(1, "bm25"), (2, "bm25")]
+    assert out.count("version 2 bm25 against version 1 bm25") == 1
+    assert "version 1 bm25 against" not in out
+
+
+def test_cli_eval_questions_out_needs_json(planted, tmp_path, capsys):
+    # the per-question rows are part of the JSON output only
+    assert main(["eval", str(planted), str(_question_file(tmp_path)), "-q",
+                 "--questions-out"]) == 2
+    assert "give --json too" in capsys.readouterr().err
+
+
+def _quality_data(tmp_path, rows) -> list[str]:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "cloze.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return ["--data", str(data), "--tasks", "cloze", "--modes", "bm25"]
+
+
+@pytest.fixture()
+def quality_args(planted, tmp_path, monkeypatch) -> list[str]:
+    """``bench.quality`` on the planted database and its questions, writing to tmp_path."""
+    from bench import common
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path / "results")
+    return _quality_data(tmp_path, QUESTIONS) + ["--db", str(planted), "--name", "t"]
+
+
+@pytest.mark.parametrize("option, said", [("k=5", "repeats the flag --k"),
+                                          ("max_len=5", "each task sets it"),
+                                          ("version=1", "repeats the flag --version")])
+def test_bench_quality_refuses_options_it_sets(quality_args, option, said, capsys):
+    from bench import quality
+
+    with pytest.raises(SystemExit) as exc:
+        quality.main(quality_args + ["--option", option])
+    assert exc.value.code == 2 and said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, said", [(["--version", "99"], "no version 99"),
+                                         (["--option", "offset=1"], "offset=")])
+def test_bench_quality_reports_errors_as_usage_errors(quality_args, extra, said, capsys):
+    from bench import quality
+
+    with pytest.raises(SystemExit) as exc:
+        quality.main(quality_args + extra)
+    assert exc.value.code == 2 and said in capsys.readouterr().err
+
+
+def test_bench_quality_skips_an_empty_split(quality_args, capsys):
+    from bench import quality
+
+    assert quality.main(quality_args + ["--split", "held-out"]) == 0
+    captured = capsys.readouterr()
+    assert "cloze: no queries in --split held-out" in captured.err
+    assert "cloze: no queries in this split (n = 0)" in captured.out
+    assert quality.main(quality_args + ["--version", "1"]) == 0
+    assert "| cloze | bm25 | 4 | " in capsys.readouterr().out
+
+
 def test_real_encoder_matches_fill_mask(real_db, sample_cloze):
     qs = sample_cloze[:12]
     ev = npmdb.evaluate(real_db, qs, retrieval="bm25", progress=False)
