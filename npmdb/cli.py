@@ -94,7 +94,9 @@ def cmd_add(args) -> int:
             # one path is a str source; several are Paths (a str in a list is a text)
             vid = db.add([Path(f) for f in args.files] if len(args.files) > 1
                          else args.files[0], message=args.message or "", engine=engine)
-            if vid == head:
+            if vid == head and head is None:  # a new database: none is left behind
+                print("nothing to add: no documents in the input; no database was made")
+            elif vid == head:
                 print(f"nothing to add; version {vid} is unchanged")
             else:
                 print(f"added {db.count() - before} documents in {time.time() - t0:.1f} s; "
@@ -103,6 +105,8 @@ def cmd_add(args) -> int:
         if new:  # a failed first add leaves no database behind (nor its encoder choice)
             _remove_if_never_written(path, made=not existed)
         raise
+    if new and vid is None:  # nor does one that added nothing
+        _remove_if_never_written(path, made=not existed)
     return 0
 
 

@@ -476,7 +476,7 @@ class Database(Versioning):
     def get(self, doc_id: str, *, version: int | str | None = None) -> dict[str, Any] | None:
         """The live document ``doc_id`` as a dict, or None (also in an empty database)."""
         if not isinstance(doc_id, str):
-            raise ProgrammingError(f"document ids are strings, got {doc_id!r}")
+            raise F.id_type_error(doc_id)
         if version is None and self.version is None:
             return None
         with self.snapshot(version) as snap:

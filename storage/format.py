@@ -16,7 +16,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from npmdb.errors import DataError, OperationalError
+from npmdb.errors import DataError, OperationalError, ProgrammingError
 
 __all__ = [
     "u32", "u64", "read_u32", "read_u64", "doc_key", "docid_key", "docid_prefix", "col_key",
@@ -59,6 +59,13 @@ def read_u64(b: bytes, at: int = 0) -> int:
 
 def doc_key(seg: int, local: int) -> bytes:
     return u32(seg) + u32(local)
+
+
+def id_type_error(doc_id: Any) -> ProgrammingError:
+    """The error for a document id that is not a str (an int id was stored as its text)."""
+    hint = (f": an id added as {doc_id!r} is stored as {str(doc_id)!r}; pass that"
+            if isinstance(doc_id, int) and not isinstance(doc_id, bool) else "")
+    return ProgrammingError(f"document ids are strings, got {doc_id!r}{hint}")
 
 
 def docid_prefix(doc_id: str) -> bytes:

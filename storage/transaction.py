@@ -487,7 +487,7 @@ class Writer:
             m = changes.view()
             for doc_id in doc_ids:
                 if not isinstance(doc_id, str):
-                    raise ProgrammingError(f"document ids are strings, got {doc_id!r}")
+                    raise F.id_type_error(doc_id)
                 loc = V.find_doc(txn, self.env.dbs, m, doc_id) or changes.new_ids.get(doc_id)
                 if loc is None:
                     if missing_ok:

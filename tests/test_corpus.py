@@ -689,3 +689,64 @@ def test_a_data_frame_is_read_as_its_file_would_be(tmp_path):
         list(read_documents(twice))
     both = pd.DataFrame({"id": ["k1"], "text": ["a"]}).set_index("id", drop=False)
     assert [d.id for d in read_documents(both)] == ["k1"]
+
+
+# ------------------------------------------------------------------ a second ingest hunt
+
+@pytest.mark.parametrize("empty", ["", "  "])
+def test_an_empty_path_is_refused_not_the_working_directory(empty, tmp_path, monkeypatch):
+    """Path("") is "." : db.add("") added every file of the working directory (a Path("")
+    is Path(".") itself, so it still reads the working directory, as "." does)."""
+    (tmp_path / "notes.txt").write_text("not for the database", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError, match="an empty path names no file"):
+        list(read_documents(empty))
+
+
+def test_a_directory_holding_a_database_is_read_without_it(tmp_path, tiny_encoder):
+    """`npmdb add my.npmdb .` read the database's own data.mdb as a text file ("invalid
+    UTF-8 ... re-encode it", advice that would destroy the database)."""
+    import npmdb
+
+    (tmp_path / "a.txt").write_text("Banff is a town in Alberta.", encoding="utf-8")
+    with npmdb.open(tmp_path / "my.npmdb", encoder=tiny_encoder, progress=False) as db:
+        db.add(["Jasper is a town in Alberta."])
+    assert [d.id for d in read_documents(tmp_path)] == ["a.txt"]
+
+
+def test_frame_ids_that_are_no_integer_are_an_id_error():
+    pd = pytest.importorskip("pandas")
+    for ids in ([float("inf"), 1.0], [1e20, float("nan")]):
+        frame = pd.DataFrame({"id": ids, "text": ["x", "y"]})
+        with pytest.raises(DataError, match=r"row 0: 'id' is float"):
+            list(read_documents(frame))  # it was OverflowError / TypeError from pandas
+
+
+def test_frame_rows_without_meta_get_empty_meta():
+    """pandas fills a meta column's missing cells with NaN (pd.read_json(lines=True) does):
+    they were refused as "'meta' is float (nan)" although the same JSONL is accepted."""
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame([{"id": "a", "text": "first", "meta": {"x": 1}},
+                          {"id": "b", "text": "second"}])
+    assert [d.meta for d in read_documents(frame)] == [{"x": 1}, {}]
+
+
+def test_text_under_another_name_says_how_to_name_it(tmp_path):
+    """The hint said "pass text_field=", which neither db.add nor npmdb add takes."""
+    path = write_jsonl(tmp_path / "body.jsonl", [{"id": "a", "body": "Banff is a town."}])
+    with pytest.raises(DataError, match=r"rename it to 'text', or from Python add "
+                                        r"npmdb\.corpus\.read_documents\(SOURCE, text_field="):
+        list(read_documents(path))
+    assert [d.text for d in read_documents(path, text_field="body")] == ["Banff is a town."]
+
+
+def test_a_first_cli_add_of_nothing_leaves_no_database(tmp_path, tiny_encoder, capsys):
+    """It exited 0 with "version None is unchanged" and left a database that kept its
+    encoder choice, so a later add with another encoder was refused."""
+    from npmdb.cli import main
+
+    empty = write_jsonl(tmp_path / "empty.jsonl", [])
+    db = tmp_path / "new.npmdb"
+    assert main(["add", str(db), str(empty), "--encoder", str(tiny_encoder), "-q"]) == 0
+    assert "no database was made" in capsys.readouterr().out
+    assert not db.exists()

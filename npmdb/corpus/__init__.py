@@ -186,7 +186,8 @@ def _as_file_columns(frame: Any, id_field: str) -> Any:
     ids = frame[id_field] if id_field in frame.columns else None
     if ids is not None and ids.dtype.kind == "f":
         whole = ids.dropna()
-        if len(whole) and bool((whole == whole.round()).all()):  # ints and blanks
+        # ints and blanks (inf, or past int64, stay floats: the id check names them)
+        if len(whole) and bool(((whole == whole.round()) & (whole.abs() < 2.0 ** 63)).all()):
             frame = frame.assign(**{id_field: ids.astype("Int64")})
     return frame
 

@@ -15,8 +15,8 @@ from typing import Any
 from npmdb.errors import DataError, NotSupportedError, OperationalError
 
 from .records import (
-    _BOM, _PARQUET_BATCH, Document, _check_encodable, _Fields, _from_json_value,
-    _from_mapping, _short,
+    _BOM, _FIELD_HINT, _PARQUET_BATCH, Document, _check_encodable, _Fields,
+    _from_json_value, _from_mapping, _short,
 )
 
 # --------------------------------------------------------------------------------------------
@@ -25,6 +25,9 @@ from .records import (
 
 def _existing_path(source: str | os.PathLike[str], *, top_level: bool,
                    where: str = "") -> Path:
+    if not os.fspath(source).strip():  # Path("") is ".": every file of the working directory
+        raise DataError(f"{where + ': ' if where else ''}an empty path names no file: give a "
+                        "file or directory (\".\" for the working directory)")
     path = Path(source)
     try:
         exists = path.exists()
@@ -57,7 +60,9 @@ def _read_path(path: Path, fields: _Fields) -> Iterator[Document]:
 
 def _walk(root: Path) -> list[tuple[Path, str]]:
     """Files under ``root`` (recursively, hidden ones skipped, symbolic links to files and
-    directories followed, each directory once) sorted by relative path."""
+    directories followed, each directory once; a directory holding an LMDB ``data.mdb``,
+    such as an npmdb database added from its parent, skipped whole) sorted by relative
+    path."""
     found: list[tuple[tuple[str, ...], Path]] = []
     visited = {os.path.realpath(root)}
 
@@ -71,6 +76,9 @@ def _walk(root: Path) -> list[tuple[Path, str]]:
         return new
 
     for dirpath, dirnames, filenames in os.walk(root, onerror=fail, followlinks=True):
+        if "data.mdb" in filenames:  # a database (npmdb's or LMDB's): never documents
+            dirnames[:] = []
+            continue
         dirnames[:] = [d for d in dirnames
                        if not d.startswith(".") and first_visit(os.path.join(dirpath, d))]
         for name in filenames:
@@ -253,7 +261,7 @@ def _read_csv(path: Path, compressed: bool, fields: _Fields,
         columns = ", ".join(repr(c) for c in header) or "none"
         raise DataError(f"{path}:1: no {fields.text!r} column (the header row has: {columns}); "
                         f"the first row must name the columns, one of them {fields.text!r} "
-                        "(or pass text_field=)")
+                        f"({_FIELD_HINT})")
     duplicates = sorted({c for c in header if header.count(c) > 1})
     if duplicates:
         raise DataError(f"{path}:1: duplicate column names in the header: "
@@ -317,7 +325,7 @@ def _read_parquet(path: Path, fields: _Fields) -> Iterator[Document]:
     if fields.text not in columns:
         listing = ", ".join(repr(c) for c in columns) or "none"
         raise DataError(f"{path}: no {fields.text!r} column (the columns are: {listing}); "
-                        "rename the column or pass text_field=")
+                        f"{_FIELD_HINT}")
     batches = parquet.iter_batches(batch_size=_PARQUET_BATCH)
     row = 0
     while True:

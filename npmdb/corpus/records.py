@@ -97,6 +97,11 @@ def _check_text(value: Any, where: str, field_name: str) -> str:
                     "document's text must be a str (use \"\" for an empty document)")
 
 
+#: What to do when the text is under another name (``db.add`` takes no field names).
+_FIELD_HINT = ("rename it to 'text', or from Python add "
+               "npmdb.corpus.read_documents(SOURCE, text_field=NAME)")
+
+
 def _missing(value: Any) -> bool:
     """None, or a data frame's missing value: NaN (pandas' missing str) or ``pandas.NA``."""
     return value is None or (isinstance(value, float) and value != value) or \
@@ -184,10 +189,9 @@ def _from_mapping(record: Mapping[Any, Any], where: str, fields: _Fields) -> Doc
     if fields.text not in record:
         found = ", ".join(_short(k, 30) for k in record) or "none"
         raise DataError(f"{where}: no {fields.text!r} field (found: {found}); each document "
-                        f"needs its text under {fields.text!r}, or pass text_field= to name "
-                        "the field that holds it")
+                        f"needs its text under {fields.text!r} ({_FIELD_HINT})")
     meta = record.get("meta")
-    if meta is None:
+    if _missing(meta):  # None, or a data frame's blank (NaN, pd.NA)
         meta = {}
     elif not isinstance(meta, Mapping):
         raise DataError(f"{where}: 'meta' is {type(meta).__name__} ({_short(meta)}); meta must "
