@@ -12,6 +12,7 @@ needs are written and fsynced.
 from __future__ import annotations
 
 import inspect
+import numbers
 import os
 import time
 from contextlib import contextmanager, suppress
@@ -23,7 +24,7 @@ from . import ingest
 from .arguments import check_device, check_location, check_ref, check_text
 from .corpus import read_documents
 from .encoders import Encoders
-from .errors import InterfaceError, NotSupportedError, OperationalError, ProgrammingError
+from .errors import InterfaceError, OperationalError, ProgrammingError
 from .opening import (FORMAT, check_config, check_empty, check_new, creation_lock,
                       has_file, remove_unfinished)
 from .progress import bar_factory
@@ -38,7 +39,7 @@ from npmdb.query.planner import (
     SEARCH_COLUMNS, classify_prior, plan_classify, plan_masked, plan_search,
 )
 from npmdb.query.spec import (DEFAULT_K, ClassifySpec, DocFilter, MaskedSpec, check_names,
-                              check_options)
+                              check_options, labels_of)
 from npmdb.query.text import split_mask
 from npmdb.storage import codec as C
 from npmdb.storage import format as F
@@ -81,20 +82,6 @@ def open(path: str | os.PathLike, *, encoder: str | os.PathLike | None = None,
 
 #: Tokens a block holds unless ``block_len`` says otherwise (or the encoder takes fewer).
 DEFAULT_BLOCK_LEN = 256
-
-def _label_words(label: Any, words: Any) -> tuple[str, ...]:
-    """A classify label's words as a tuple: one str, or an iterable of str."""
-    if isinstance(words, str):
-        return (words,)
-    try:
-        got = tuple(words) if not isinstance(words, (bytes, bytearray)) else None
-    except TypeError:
-        got = None
-    if got is None or not all(isinstance(w, str) for w in got):
-        raise ProgrammingError(f"label {label!r}: words must be a str or a list of str, got "
-                               f"{words!r:.80}")
-    return got
-
 
 class Database(Versioning):
     """An npmdb database directory. Create with :func:`npmdb.open`."""
@@ -411,9 +398,7 @@ class Database(Versioning):
         sentence holding the mask alone (contextual calibration; one more query), so a
         label word that is merely frequent in the corpus does not always win."""
         check_options(ClassifySpec, options)
-        if not isinstance(labels, Mapping):
-            raise ProgrammingError("labels must be a dict of label -> word or list of words")
-        norm = tuple((str(lbl), _label_words(lbl, w)) for lbl, w in labels.items())
+        norm = labels_of(labels)
         spec = ClassifySpec(query, norm, tau=tau, k=k, mode=mode, retrieval=retrieval,
                             calibrate=calibrate, **options)
         return self.run_classify(spec)
@@ -442,17 +427,19 @@ class Database(Versioning):
         return sql.execute(text, params, self._context)
 
     def search(self, text: str, *, limit: int = 10, version: int | str | None = None,
-               title: bool = False) -> list[dict[str, Any]]:
+               title: bool = False, **unknown: Any) -> list[dict[str, Any]]:
         """BM25 search over blocks: ``[{doc_id, title, block, score, snippet}]``.
         ``title=True`` matches the document titles too (what ``fill_mask``'s BM25
         retrieval does by default, ``bm25_title``). ``block`` numbers the block within its
         segment: it changes when ``optimize`` merges segments; ``doc_id`` and the snippet
         name the block for good."""
+        check_names(unknown, ("limit", "version", "title"), "search")
         if not isinstance(text, str):
             raise ProgrammingError(f"search text must be a str, not {type(text).__name__}")
         check_text(text, "the search text")
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+        if not isinstance(limit, numbers.Integral) or isinstance(limit, bool) or limit < 0:
             raise ProgrammingError(f"limit must be a non-negative integer, got {limit!r}")
+        limit = int(limit)  # numpy's too
         if not isinstance(title, bool):
             raise ProgrammingError(f"title must be True or False, got {title!r}")
         with self._context(version) as ctx:

@@ -490,8 +490,13 @@ class ClassifyLabels(Operator):
                 score = float(np.exp(log_score)) if log_score < 700 else float("inf")
             else:
                 log_score, score = float("-inf"), 0.0
-            g = Group(label, label, score=score, idx=idx,
-                      weights=np.exp(np.minimum(logits, 700.0)) if len(idx) else None)
+            if len(idx):
+                with np.errstate(over="ignore"):  # past exp's range: inf, ranked by its log
+                    weights = np.exp(logits)
+            else:
+                weights = None
+            g = Group(label, label, score=score, idx=idx, weights=weights,
+                      log_weights=logits if len(idx) else None)
             g.log_score = log_score
             groups.append(g)
         logs = {g.text: g.log_score for g in groups}

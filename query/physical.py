@@ -37,6 +37,7 @@ class Group:
     n_tokens: int = 0
     idx: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     weights: np.ndarray | None = None  # per-occurrence scores when not occ.score (classify)
+    log_weights: np.ndarray | None = None  # their logs (an overflowed weight is inf)
     evidence: list = field(default_factory=list)
     extra: dict = field(default_factory=dict)
     # the score's logarithm, kept where a query's scores underflow (``scoring.TINY``)

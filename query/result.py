@@ -84,9 +84,12 @@ class Answer:
                 "tokens": self.tokens, "evidence": [asdict(e) for e in self.evidence]}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Result:
     """The answers of one query, best first, and how they were produced.
+
+    A result is one query's answer at one moment (its timings included): it equals only
+    itself and hashes by identity; compare answers with ``to_list()``.
 
     ``stats`` lists every plan operator with its output rows and milliseconds;
     ``version``/``generation`` name the snapshot and embeddings that answered.
@@ -135,6 +138,8 @@ class Result:
 
     @property
     def top(self) -> Answer | None:
+        """The first answer: the best one, unless a statement's ORDER BY put another
+        first."""
         return self.answers[0] if self.answers else None
 
     @property

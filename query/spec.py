@@ -12,10 +12,12 @@ import numbers
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Iterable, Mapping
 
+import numpy as np
+
 from npmdb.errors import ProgrammingError
 
 __all__ = ["MaskedSpec", "ClassifySpec", "DocFilter", "check_options", "check_names", "DEFAULT_K",
-           "MAX_LEN", "RANGES"]
+           "MAX_LEN", "RANGES", "labels_of"]
 
 MODES = ("phrase", "token")
 RETRIEVALS = ("dense", "bm25", "hybrid")
@@ -162,6 +164,39 @@ class ClassifySpec:
                 raise ProgrammingError(f"label {label!r} needs one or more non-empty words")
 
 
+def labels_of(labels: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """classify's labels as ``(name, words)`` pairs. A name is a str or an int (a class id,
+    named by its digits); two that read the same (1 and "1") are refused: their answers
+    were merged into one, under one name."""
+    if not isinstance(labels, Mapping):
+        raise ProgrammingError("labels must be a dict of label -> word or list of words")
+    out: dict[str, tuple[str, ...]] = {}
+    for label, words in labels.items():
+        if isinstance(label, bool) or not isinstance(label, (str, numbers.Integral)):
+            raise ProgrammingError(f"label names are strings (or integer class ids), not "
+                                   f"{label!r}")
+        name = label if isinstance(label, str) else str(int(label))
+        if name in out:
+            raise ProgrammingError(f"two labels are named {name!r} (as text): give each "
+                                   "label its own name")
+        out[name] = _label_words(label, words)
+    return tuple(out.items())
+
+
+def _label_words(label: Any, words: Any) -> tuple[str, ...]:
+    """A classify label's words as a tuple: one str, or an iterable of str."""
+    if isinstance(words, str):
+        return (words,)
+    try:
+        got = tuple(words) if not isinstance(words, (bytes, bytearray)) else None
+    except TypeError:
+        got = None
+    if got is None or not all(isinstance(w, str) for w in got):
+        raise ProgrammingError(f"label {label!r}: words must be a str or a list of str, got "
+                               f"{words!r:.80}")
+    return got
+
+
 #: The longest answer, in tokens, a query may ask for (``max_len``).
 MAX_LEN = 64
 
@@ -211,8 +246,13 @@ def _validate(spec) -> None:
     for name in ("exact", "clean_edges", "not_in_query", "no_query_words", "not_subject_name",
                  "whole_names", "no_stopwords",
                  "bm25_title", "bm25_question", "calibrate"):
-        if hasattr(spec, name) and not isinstance(getattr(spec, name), bool):
-            raise ProgrammingError(f"{name} must be True or False, got {getattr(spec, name)!r}")
+        if not hasattr(spec, name):
+            continue
+        v = getattr(spec, name)
+        if isinstance(v, np.bool_):  # numpy's (a value read from a data frame): as bool
+            object.__setattr__(spec, name, bool(v))
+        elif not isinstance(v, bool):
+            raise ProgrammingError(f"{name} must be True or False, got {v!r}")
 
 
 def _int(spec, name: str, lo: int, hi: int | None = None) -> None:

@@ -89,8 +89,10 @@ class Limit(Operator):
 def best_first(g: Group, occ: Occurrences) -> tuple[np.ndarray, np.ndarray]:
     """An answer's occurrences best first (ties: first seen; an underflowed score by its
     log), and the weights they are ranked by (``occ.score``, or a label's own)."""
-    w = np.asarray(g.weights if g.weights is not None else occ.score)
-    logs = occ.log_score if g.weights is None and occ.log_score is not None else None
+    if g.weights is not None:  # a label's own weights: exp(logit), inf past its range
+        w, logs = np.asarray(g.weights), g.log_weights
+    else:
+        w, logs = np.asarray(occ.score), occ.log_score
     return g.idx[S.rank_order(w[g.idx], None if logs is None else logs[g.idx])], w
 
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import npmdb
@@ -179,6 +180,34 @@ def test_classify_label_errors(small_db):
         small_db.classify(Q, ["Greece"])
     with pytest.raises(npmdb.ProgrammingError):
         small_db.classify(Q, {"a": []})
+    # 1 and "1" were two labels named '1', each with both labels' score and support
+    with pytest.raises(npmdb.ProgrammingError, match="two labels are named '1'"):
+        small_db.classify(Q, {1: "Greece", "1": "Oregon"})
+    with pytest.raises(npmdb.ProgrammingError, match="label names are strings"):
+        small_db.classify(Q, {None: "Greece"})  # it became a label named 'None'
+    res = small_db.classify(Q, {np.int64(0): "Greece", 1: "Oregon"})  # class ids: by digits
+    assert sorted(a.text for a in res.answers) == ["0", "1"]
+
+
+def test_classify_evidence_stays_best_first_where_weights_overflow(small_db):
+    """At tau=1e-3 (accepted) each occurrence's exp(logit) passes a float's range: every
+    evidence score read exp(700) and the evidence came in text order. Ranked by the logits
+    now, with inf where the weight overflows."""
+    labels = {"place": ["Greece", "Oregon", "city", "capital", "state"]}
+    wide = small_db.classify(Q, labels, tau=1.0, evidence=8).answers[0].evidence
+    tight = small_db.classify(Q, labels, tau=1e-3, evidence=8).answers[0].evidence
+    key = [(e.doc_id, e.start) for e in wide]
+    assert len(key) > 1 and [(e.doc_id, e.start) for e in tight] == key
+    assert all(e.score == float("inf") or e.score > 1e300 for e in tight)
+
+
+def test_search_options_are_checked_by_name_and_take_numpy(small_db):
+    with pytest.raises(npmdb.ProgrammingError, match="search: unknown option 'limt'; did you "
+                                                     "mean 'limit'"):
+        small_db.search("capital", limt=3)  # a bare TypeError before
+    words = [w for d in small_db.documents() for w in d["text"].split() if w.isalpha()]
+    assert 1 <= len(small_db.search(" ".join(words[:20]), limit=np.int64(2))) <= 2
+    assert small_db.fill_mask(Q, exact=np.bool_(True), top=1).answers is not None
 
 
 # ------------------------------------------------------------------ bad documents
