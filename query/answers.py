@@ -292,17 +292,29 @@ def _make_groups(keys: list, texts_of: Callable[[list[int]], list[str]], scores:
                   log_score=_log_of(lfinal, g)) for g, t in zip(kept, texts)]
 
 
-def _distinct_spans(occ: Occurrences, idx: np.ndarray, scores: np.ndarray) -> np.ndarray:
+def _distinct_spans(occ: Occurrences, idx: np.ndarray, scores: np.ndarray,
+                    logs: np.ndarray | None
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """``idx`` with one row per distinct (segment, start, end), its best-scored one, in
-    occurrence order. Token candidates widened to their words: the first and the last piece
-    of "overcapitalization" are one occurrence of it (the answer's score still sums both
-    pieces; its support and evidence count the word once)."""
+    occurrence order, and the summed scores (and their logs) of the rows each stands for.
+    Token candidates widened to their words: the first and the last piece of
+    "overcapitalization" are one occurrence of it, whose score is both pieces' (as the
+    answer's is); its support and evidence count the word once."""
     if len(idx) < 2:
-        return idx
+        return idx, scores[idx], None if logs is None else logs[idx]
     order = idx[np.argsort(-scores[idx], kind="stable")]
     rows = np.stack([occ.seg[order], occ.s[order], occ.e[order]], axis=1)
-    _, first = np.unique(rows, axis=0, return_index=True)
-    return np.sort(order[first])
+    _, first, inverse = np.unique(rows, axis=0, return_index=True, return_inverse=True)
+    inverse = inverse.ravel()
+    sums = np.zeros(len(first))
+    np.add.at(sums, inverse, scores[order])
+    lsums = None
+    if logs is not None:
+        lsums = np.full(len(first), -np.inf)
+        np.logaddexp.at(lsums, inverse, logs[order])
+    by_position = np.argsort(order[first])
+    return (order[first][by_position], sums[by_position],
+            None if lsums is None else lsums[by_position])
 
 
 def _best_of(members: np.ndarray, scores: np.ndarray, logs: np.ndarray | None) -> int:
@@ -381,8 +393,14 @@ class Aggregate(Operator):
             for g in groups:
                 g.text = sf.doc_id(*g.key)
         if self.group_by == "word":  # a word's pieces widen to one occurrence: count it once
+            weights = scores.copy()  # an occurrence's evidence score: all of its pieces'
+            log_weights = None if logs is None else np.asarray(logs, np.float64).copy()
             for g in groups:
-                g.idx = _distinct_spans(occ, g.idx, scores)
+                g.idx, summed, lsummed = _distinct_spans(occ, g.idx, scores, logs)
+                weights[g.idx] = summed
+                if log_weights is not None:
+                    log_weights[g.idx] = lsummed
+                g.weights, g.log_weights = weights, log_weights
         return Answers(groups, occ, st.info["answers"])
 
     def _keep(self, st: ExecState, occ: Occurrences

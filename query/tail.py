@@ -89,7 +89,7 @@ class Limit(Operator):
 def best_first(g: Group, occ: Occurrences) -> tuple[np.ndarray, np.ndarray]:
     """An answer's occurrences best first (ties: first seen; an underflowed score by its
     log), and the weights they are ranked by (``occ.score``, or a label's own)."""
-    if g.weights is not None:  # a label's own weights: exp(logit), inf past its range
+    if g.weights is not None:  # its own (a label's exp(logit), a word's summed pieces)
         w, logs = np.asarray(g.weights), g.log_weights
     else:
         w, logs = np.asarray(occ.score), occ.log_score

@@ -759,3 +759,15 @@ def test_dense_k_past_a_segments_size_is_an_exact_scan(new_db):
     rows = new_db.sql("SELECT phrase FROM MASKED(?) USING dense(k => 64) WHERE doc.id = ? "
                       "LIMIT 3", [q, doc]).to_list()
     assert rows
+
+
+def test_a_word_answers_evidence_scores_sum_to_its_score(small_db):
+    """Token mode grouped by word: a word of two pieces is one occurrence, and its answer
+    sums both pieces' scores; its evidence showed one piece's score only."""
+    res = small_db.fill_mask(Q, mode="token", retrieval="dense", group_by="word", top=0,
+                             evidence=1000)
+    split = [a for a in res.answers if a.tokens > 1]
+    assert split  # words of several pieces are among the answers
+    for a in res.answers:
+        assert len(a.evidence) == a.support
+        assert sum(e.score for e in a.evidence) == pytest.approx(a.score, rel=1e-6)
