@@ -77,6 +77,9 @@ def _print_table(columns, rows, out) -> None:
 def cmd_add(args) -> int:
     import npmdb
 
+    if any(not f.strip() for f in args.files):  # Path("") would read the working directory
+        raise npmdb.DataError("an empty path names no file: give a file or directory (\".\" "
+                              "for the working directory)")
     engine = "local"
     if args.ray:  # checked before the database is opened: a missing extra fails first
         from .distributed import RayEngine, resolve_engine
@@ -91,9 +94,10 @@ def cmd_add(args) -> int:
                         timeout=args.timeout) as db:
             t0 = time.time()
             before, head = db.count(), db.version
-            # one path is a str source; several are Paths (a str in a list is a text)
+            # Paths (a str in a list is a text; a str alone would get db.add's hint about
+            # raw text, which is Python's, not this command's)
             vid = db.add([Path(f) for f in args.files] if len(args.files) > 1
-                         else args.files[0], message=args.message or "", engine=engine)
+                         else Path(args.files[0]), message=args.message or "", engine=engine)
             if vid == head and head is None:  # a new database: none is left behind
                 print("nothing to add: no documents in the input; no database was made")
             elif vid == head:

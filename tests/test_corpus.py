@@ -750,3 +750,9 @@ def test_a_first_cli_add_of_nothing_leaves_no_database(tmp_path, tiny_encoder, c
     assert main(["add", str(db), str(empty), "--encoder", str(tiny_encoder), "-q"]) == 0
     assert "no database was made" in capsys.readouterr().out
     assert not db.exists()
+    assert main(["add", str(db), "", "--encoder", str(tiny_encoder), "-q"]) == 2
+    assert "an empty path names no file" in capsys.readouterr().err
+    assert main(["add", str(db), str(tmp_path / "missing.jsonl"), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "file not found" in err and "db.add([text])" not in err  # Python's advice
+    assert not db.exists()
