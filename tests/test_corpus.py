@@ -756,3 +756,12 @@ def test_a_first_cli_add_of_nothing_leaves_no_database(tmp_path, tiny_encoder, c
     err = capsys.readouterr().err
     assert "file not found" in err and "db.add([text])" not in err  # Python's advice
     assert not db.exists()
+
+
+def test_csv_with_bare_carriage_returns_says_how_to_convert(tmp_path):
+    """csv's own message was "open the file in universal-newline mode?", Python's advice."""
+    path = tmp_path / "cr.csv"
+    path.write_bytes(b"id,text\r1,hello there\r2,bye now\r")
+    with pytest.raises(DataError, match=r"bare carriage return .*convert them") as exc:
+        list(read_documents(path))
+    assert "universal-newline" not in str(exc.value)

@@ -190,12 +190,22 @@ def _read_jsonl(path: Path, compressed: bool, fields: _Fields, hint: str) -> Ite
         yield _from_json_value(value, where, fields)
 
 
+def _csv_why(exc: Exception) -> str:
+    """The csv module's complaint, in a user's terms where it speaks of Python's (a file
+    whose lines end in a bare carriage return: old Mac line endings)."""
+    if "universal-newline" in str(exc):
+        return ("its lines end in a bare carriage return (\\r, old Mac line endings); "
+                "convert them to \\n (e.g. tr '\\r' '\\n')")
+    return str(exc)
+
+
 def _unreadable_json(where: str, exc: BaseException) -> DataError:
     """Valid JSON that Python will not read: nested past its recursion limit, or an integer
     of more digits than ``int`` converts (4,300)."""
-    why = "is nested too deeply" if isinstance(exc, RecursionError) else \
-        f"holds a number too long to read ({exc})"
-    return DataError(f"{where}: the JSON {why}; flatten it, or store long numbers as str")
+    if isinstance(exc, RecursionError):
+        return DataError(f"{where}: the JSON is nested too deeply; flatten it")
+    return DataError(f"{where}: the JSON holds a number too long to read ({exc}); store "
+                     "long numbers as str")
 
 
 def _first_byte(path: Path, compressed: bool) -> bytes:
@@ -256,7 +266,7 @@ def _read_csv(path: Path, compressed: bool, fields: _Fields,
         raise DataError(f"{path}: empty {kind} file; a header row naming the columns (with a "
                         f"{fields.text!r} column) is required") from None
     except csv.Error as exc:
-        raise DataError(f"{path}:{reader.line_num}: malformed {kind}: {exc}") from None
+        raise DataError(f"{path}:{reader.line_num}: malformed {kind}: {_csv_why(exc)}") from None
     if fields.text not in header:
         columns = ", ".join(repr(c) for c in header) or "none"
         raise DataError(f"{path}:1: no {fields.text!r} column (the header row has: {columns}); "
@@ -276,7 +286,7 @@ def _read_csv(path: Path, compressed: bool, fields: _Fields,
             hint = ("; a quote opened in this row never closes, so the rest of the file "
                     "would be one field" if "end of data" in str(exc) else "")
             raise DataError(f"{path}:{start}: malformed {kind} in the row that starts on this "
-                            f"line: {exc}{hint}; nothing was added") from None
+                            f"line: {_csv_why(exc)}{hint}; nothing was added") from None
         if not row:
             continue
         where = f"{path}:{start}"
