@@ -99,7 +99,7 @@ def check_options(data: dict, allowed: tuple[str, ...], server: Server,
     unknown = sorted(set(opts) - set(allowed))
     if unknown:
         raise ApiError(400, "ProgrammingError", f"unknown option(s) {', '.join(unknown)}; "
-                       f"allowed: {', '.join(allowed)}")
+                       f"allowed: {', '.join((*skip, *allowed))}")
     for name, most in (("k", s.max_k), ("top", s.max_top), ("blocks", s.max_blocks),
                        ("evidence", s.max_evidence), ("offset", s.max_rows)):
         v = opts.get(name)
