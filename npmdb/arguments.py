@@ -107,3 +107,8 @@ def check_location(value: Any, what: str, expected: str) -> None:
     if "\0" in text:
         raise ProgrammingError(f"{what} {text!r:.80} holds a NUL character, which no path "
                                "can hold")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a name of bytes that are not UTF-8 (os.fsdecode's escapes)
+        raise ProgrammingError(f"{what} {text!r:.80} is not valid UTF-8, which LMDB and "
+                               "tantivy need: rename it") from None

@@ -29,6 +29,8 @@ DEMO_QUERIES = [
 
 
 def _print_result(res, *, evidence: bool = True, load_s: float = 0.0, out=None) -> None:
+    from .shell import display_width
+
     out = sys.stdout if out is None else out   # looked up per call: sys.stdout may be replaced
     if res.is_explain:
         print(res.plan, file=out)
@@ -39,7 +41,9 @@ def _print_result(res, *, evidence: bool = True, load_s: float = 0.0, out=None) 
     if not res.answers:
         print("  (no answers)", file=out)
     for i, a in enumerate(res.answers, 1):
-        print(f"  {i:>2}. {a.text!r:<40} score={a.score:.4f}  support={a.support}", file=out)
+        text = repr(a.text)  # padded to 40 columns of the terminal (CJK is two wide)
+        pad = " " * max(0, 40 - display_width(text))
+        print(f"  {i:>2}. {text}{pad} score={a.score:.4f}  support={a.support}", file=out)
         if evidence:
             for e in a.evidence[:2]:
                 snip = _shorten(e.snippet, 100)
@@ -87,13 +91,13 @@ def cmd_add(args) -> int:
     elif args.workers is not None:
         raise npmdb.ProgrammingError("--workers needs --ray")
     path = Path(args.db)
-    existed = path.exists()
-    new = not (path / "data.mdb").exists()
+    existed, created = path.exists(), False
     try:
         with npmdb.open(args.db, encoder=args.encoder, progress=not args.quiet,
                         timeout=args.timeout) as db:
+            created = db.created
             t0 = time.time()
-            before, head = db.count(), db.version
+            head = db.version
             # Paths (a str in a list is a text; a str alone would get db.add's hint about
             # raw text, which is Python's, not this command's)
             vid = db.add([Path(f) for f in args.files] if len(args.files) > 1
@@ -103,38 +107,62 @@ def cmd_add(args) -> int:
             elif vid == head:
                 print(f"nothing to add; version {vid} is unchanged")
             else:
-                print(f"added {db.count() - before} documents in {time.time() - t0:.1f} s; "
+                print(f"added {_added(db, vid)} documents in {time.time() - t0:.1f} s; "
                       f"version {vid}")
     except BaseException:
-        if new:  # a failed first add leaves no database behind (nor its encoder choice)
+        if created:  # a failed first add leaves no database behind (nor its encoder choice)
             _remove_if_never_written(path, made=not existed)
         raise
-    if new and vid is None:  # nor does one that added nothing
+    if created and vid is None:  # nor does one that added nothing
         _remove_if_never_written(path, made=not existed)
     return 0
 
 
+def _added(db, vid: int) -> int:
+    """Documents version ``vid`` holds beyond its parent's (not the count before this
+    command: another writer may have committed while it waited for the lock)."""
+    versions = {v["id"]: v for v in db.versions()}
+    parent = versions.get(versions[vid]["parent"])
+    return versions[vid]["docs"] - (parent["docs"] if parent else 0)
+
+
 def _remove_if_never_written(path: Path, *, made: bool) -> None:
-    """Remove the database this command created at ``path`` if it holds no version (a
-    directory that existed before, empty, stays)."""
+    """Remove the database this command made at ``path`` if it still holds no version (a
+    directory that existed before, empty, stays). Checked and removed holding the writer
+    lock: a process that opened the database meanwhile and is adding to it holds the lock
+    (then the database is left to it), or finds it removed when it takes the lock."""
     import shutil
 
     import npmdb
+    from npmdb.storage.transaction import FileLock
 
+    lock = FileLock(path)
     try:
-        with npmdb.open(path, readonly=True, create=False, progress=False) as db:
-            if db.versions():
-                return
-    except npmdb.Error:  # not a database, or not one to judge: leave it as it is
+        lock.acquire(0.0)
+    except npmdb.Error:  # another writer is at work on it: it is theirs now
         return
-    if made:
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        for child in path.iterdir():
-            if child.is_dir():
-                shutil.rmtree(child, ignore_errors=True)
-            else:
-                child.unlink(missing_ok=True)
+    try:
+        try:
+            with npmdb.open(path, readonly=True, create=False, progress=False) as db:
+                if db.versions():
+                    return
+        except npmdb.Error:  # not a database, or not one to judge: leave it as it is
+            return
+        if made:
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            for child in path.iterdir():
+                if child.is_dir():
+                    shutil.rmtree(child, ignore_errors=True)
+                else:
+                    child.unlink(missing_ok=True)
+    finally:
+        lock.release()
+
+
+def _timeout_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--timeout", type=float, default=0.0,
+                        help="seconds to wait for another writer (default 0: fail at once)")
 
 
 def _fill_options(args, flags: Sequence[str]) -> dict:
@@ -236,7 +264,7 @@ def cmd_tag(args) -> int:
     if args.delete and (args.version is not None or args.move):
         raise npmdb.ProgrammingError("--delete takes only the tag name (no --version, "
                                      "no --move)")
-    with npmdb.open(args.db, create=False, progress=False) as db:
+    with npmdb.open(args.db, create=False, progress=False, timeout=args.timeout) as db:
         if args.delete:
             vid = db.untag(args.name)
             print(f"removed tag {args.name!r} (it named version {vid})")
@@ -249,9 +277,13 @@ def cmd_tag(args) -> int:
 def cmd_restore(args) -> int:
     import npmdb
 
-    with npmdb.open(args.db, create=False, progress=False) as db:
-        vid = db.restore(args.version, message=args.message)  # an id or a tag
-        print(f"restored: version {vid} equals version {args.version} (nothing copied; "
+    from .storage.versions import parse_ref
+
+    with npmdb.open(args.db, create=False, progress=False, timeout=args.timeout) as db:
+        old = db.checkout(parse_ref(args.version)).version  # an id, a tag or HEAD: its id
+        vid = db.restore(old, message=args.message)
+        named = "" if str(old) == args.version else f" ({args.version})"
+        print(f"restored: version {vid} equals version {old}{named} (nothing copied; "
               f"every older version stays readable)")
     return 0
 
@@ -432,7 +464,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("files", nargs="+")
     a.add_argument("--encoder", default=None, help="local Hugging Face model directory")
     a.add_argument("--message", default="")
-    a.add_argument("--timeout", type=float, default=0.0, help="seconds to wait for the writer lock")
+    _timeout_flag(a)
     a.add_argument("--ray", action="store_true",
                    help="encode on a Ray cluster (pip install 'npmdb[ray]'; RAY_ADDRESS picks "
                         "the cluster, else a local one is started)")
@@ -508,12 +540,14 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--delete", action="store_true",
                    help="remove the tag (its version stays until a vacuum finds nothing "
                         "else keeping it)")
+    _timeout_flag(t)
     t.set_defaults(fn=cmd_tag)
 
     rs = sub.add_parser("restore", help="commit a new version equal to an older one")
     rs.add_argument("db")
     rs.add_argument("version", help="version id or tag")
     rs.add_argument("--message", default="")
+    _timeout_flag(rs)
     rs.set_defaults(fn=cmd_restore)
 
     tr = sub.add_parser("train", help="train the encoder with NPM's objective; refresh embeddings")

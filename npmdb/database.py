@@ -135,6 +135,8 @@ class Database(Versioning):
                 except BaseException:
                     creating.release()
                     raise
+        #: Whether this handle made the database (a failed first `npmdb add` removes it).
+        self.created = not exists
         try:
             self.env = Env(self.path, readonly=readonly, create=not exists)
         except BaseException:

@@ -74,7 +74,7 @@ class FileLock:
                     raise OperationalError(
                         f"the database {self.path.parent} is locked by another writer{who}; "
                         "retry when it has finished, or let the call wait: timeout=SECONDS "
-                        "in Python, --timeout SECONDS for `npmdb add` and `npmdb train`"
+                        "in Python, --timeout SECONDS on the command line"
                         ) from None
                 time.sleep(0.05)
         try:  # the pid is informational; a full disk must not stop the writer here
@@ -89,6 +89,15 @@ class FileLock:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)
             self.fd = None
+
+
+def _file_id(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of ``path``; None where it is gone."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _read_pid(fd: int) -> int | None:
@@ -210,6 +219,7 @@ class Writer:
         self.progress_enabled = progress
         self.progress = bars or no_bar
         self._file = FileLock(self.root)
+        self._data_id = _file_id(self.root / "data.mdb")  # the store this handle opened
         self._cond = threading.Condition()
         self._owner: int | None = None
         self._depth = 0
@@ -272,6 +282,12 @@ class Writer:
         try:
             if outer:
                 self._file.acquire(max(0.0, wait))
+                if _file_id(self.root / "data.mdb") != self._data_id:
+                    self._file.release()  # a change here would commit to a removed file
+                    raise OperationalError(
+                        f"the database {self.root} was removed or replaced by another process "
+                        "while this handle was open (a first add that failed removes the "
+                        "database it made); nothing was written: open it again")
                 self._allocated = []
                 recover(self.env, self.root)
                 head = self.head_id()

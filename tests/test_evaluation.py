@@ -234,11 +234,22 @@ def test_cli_restore(planted, capsys):
         assert db.versions()[-1]["message"] == "back to four entries"
         db.tag("before", 2)
     assert main(["restore", str(planted), "before"]) == 0
-    assert "equals version before" in capsys.readouterr().out
+    assert "version 4 equals version 2 (before)" in capsys.readouterr().out  # the id too
     assert main(["restore", str(planted), "99"]) == 2
     assert "99" in capsys.readouterr().err
     with npmdb.open(planted, progress=False) as db:
         assert db.version == 4 and db.get("salem") is None
+    from npmdb.storage.transaction import FileLock
+
+    other = FileLock(planted)  # another writer at work: --timeout waits (it had none)
+    other.acquire(0.0)
+    try:
+        assert main(["restore", str(planted), "1", "--timeout", "0.2"]) == 2
+        assert "locked by another writer" in capsys.readouterr().err
+        assert main(["tag", str(planted), "t", "--timeout", "0.2"]) == 2
+    finally:
+        other.release()
+    assert main(["tag", str(planted), "t", "--timeout", "5"]) == 0
 
 
 def test_cli_train_keep_if_better(tiny_db_path, sample_cloze, tmp_path, capsys):

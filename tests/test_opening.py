@@ -81,6 +81,7 @@ def test_two_processes_making_one_database_agree_on_its_encoder(tmp_path, tiny_e
     (lambda t: t / ("x" * 300), r"cannot use the database path .*File name too long"),
     (lambda t: "", r"the database path is empty"),
     (lambda t: f"{t}/a\0b", r"holds a NUL character"),
+    (lambda t: f"{t}/db\udcff", r"is not valid UTF-8"),  # a name of the bytes b"db\xff"
 ])
 def test_paths_the_os_refuses_are_errors_naming_the_path(tmp_path, tiny_encoder, make, match):
     """They were NotADirectoryError, OSError and ValueError (a traceback from the CLI), and
@@ -247,3 +248,38 @@ def test_making_a_database_on_a_full_disk_is_an_error_not_a_crash(tmp_path, tiny
     assert r.returncode == 0, r.stderr[-2000:]
     assert "REFUSED" in r.stdout and "disk is full" in r.stdout, r.stdout
     assert "LEFT ['filler']" in r.stdout  # the failed creation left nothing
+
+
+def test_a_handle_whose_database_was_removed_writes_nothing(tmp_path, tiny_encoder):
+    """A failed first `npmdb add` removes the database it made; a handle another process
+    opened on it meanwhile used to commit into the removed file and report success."""
+    import shutil
+
+    path = tmp_path / "db"
+    path.mkdir()
+    with npmdb.open(path, encoder=tiny_encoder, progress=False) as db:
+        for child in path.iterdir():  # what the other process's cleanup removes
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+        with pytest.raises(npmdb.OperationalError, match="was removed or replaced by another "
+                                                         "process.*nothing was written"):
+            db.add(["Salem is the capital of Oregon."])
+
+
+def test_a_failed_first_add_leaves_a_database_another_writer_holds(tmp_path, tiny_encoder):
+    """The cleanup of a failed first `npmdb add` removed a database that another process
+    was adding to (it had no version yet): that add then reported success for a database
+    that was gone."""
+    from npmdb.cli import _remove_if_never_written
+    from npmdb.storage.transaction import FileLock
+
+    path = tmp_path / "db"
+    npmdb.open(path, encoder=tiny_encoder, progress=False).close()
+    other = FileLock(path)
+    other.acquire(0.0)  # another process's add, under way
+    try:
+        _remove_if_never_written(path, made=True)
+    finally:
+        other.release()
+    assert (path / "data.mdb").exists()
+    _remove_if_never_written(path, made=True)  # nobody holds it: removed
+    assert not path.exists()

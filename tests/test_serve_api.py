@@ -793,3 +793,18 @@ def test_negative_version_in_a_query_string_is_an_id(client):
     assert error_of(client.get("/api/documents", params={"version": "-1"}), 400)[
         "message"] == said
     assert error_of(client.get("/api/diff", params={"a": "-1"}), 400)["message"] == said
+
+
+@pytest.mark.parametrize("token", [" ", " a ", "tok\n"])
+def test_serve_refuses_a_token_no_header_can_carry(versioned_db_path, token):
+    """A header's value loses its edge white space, so ' a ' was accepted (on a public
+    address too) and every Authorization: Bearer request got 401."""
+    from types import SimpleNamespace
+
+    import npmdb
+    from npmdb.serve import main
+
+    args = SimpleNamespace(db=str(versioned_db_path), host="0.0.0.0", port=0, token=token,
+                           write=False, time_limit=5.0, shards=None, ray=False)
+    with pytest.raises(npmdb.ProgrammingError, match="access token must be printable"):
+        main(args)

@@ -324,3 +324,20 @@ def test_checkout_a_tag_with_spaces(tmp_path, tiny_encoder):
         out, err = io.StringIO(), io.StringIO()
         sh = Shell(db, out=out, err=err)
         assert sh.execute(".checkout before the  update") and sh.ref == 1, err.getvalue()
+
+
+def test_query_output_aligns_wide_characters():
+    """`npmdb query` padded answers by characters: a CJK answer pushed its score two
+    columns right per character."""
+    import io
+
+    from npmdb.cli import _print_result
+    from npmdb.query.result import Answer, Result
+    from npmdb.shell import display_width
+
+    out = io.StringIO()
+    res = Result(answers=(Answer("東京都", 1.0, 1), Answer("Paris", 0.5, 1)), stats=(),
+                 version=1, generation=0)
+    _print_result(res, evidence=False, out=out)
+    lines = [line for line in out.getvalue().splitlines() if "score=" in line]
+    assert len({display_width(line[:line.index("score=")]) for line in lines}) == 1

@@ -47,6 +47,11 @@ def is_loopback(host: str) -> bool:
 def main(args: Any) -> int:
     """``npmdb serve``: check the safety rules and the arguments, then run uvicorn."""
     token = args.token or os.environ.get("NPMDB_TOKEN") or None
+    if token is not None and (not token.strip() or token != token.strip()
+                              or not token.isprintable()):
+        # a header's value loses its edge white space: such a token could never match
+        raise ProgrammingError("the access token must be printable text without white space "
+                               f"at its ends, got {token!r:.20}…: pick another")
     if not is_loopback(args.host) and not token:
         raise ProgrammingError(f"binding {args.host} (not loopback) needs an access token: "
                                "--token TOKEN or NPMDB_TOKEN=TOKEN")
