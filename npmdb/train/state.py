@@ -179,7 +179,8 @@ def resolve_config(args: Mapping[str, Any], *, preset: str | None,
             raise ProgrammingError(
                 f"steps is required: preset {preset!r} sets no number of steps; pass "
                 "steps=N (or use preset='demo', which sets 400)")
-        raise ProgrammingError("steps is required: train(db, steps=N) (or preset='demo')")
+        raise ProgrammingError("steps is required: steps=N or preset='demo' (on the command "
+                               "line: --steps N or --preset demo)")
     steps = _check_int("steps", hp["steps"], 1)
     batch_blocks = _check_int("batch_blocks", hp["batch_blocks"], 2)
     group_size = _check_int("group_size", hp["group_size"], 2)
@@ -245,7 +246,7 @@ def resolve_config(args: Mapping[str, Any], *, preset: str | None,
     start_step = saved.step if saved is not None else 0
     if start_step >= steps:
         raise ProgrammingError(f"the saved run is already at step {start_step}: pass "
-                               f"steps > {start_step} to train further")
+                               f"steps > {start_step} (--steps) to train further")
     return TrainConfig(
         steps=steps, batch_blocks=batch_blocks, lr=lr, group_size=group_size, warmup=warmup,
         weight_decay=weight_decay, max_grad_norm=max_grad_norm, mask_ratio=mask_ratio,
