@@ -175,11 +175,18 @@ def test_records_of_the_wrong_shape_are_reported_never_raised_raw(two_versions, 
 
 
 def _can_mount_read_only() -> bool:
+    """Whether this machine lets a test mount in a private mount namespace (root, and no
+    container policy against it): a small tmpfs, and a directory bound read-only."""
     import shutil
+    import tempfile
 
     if shutil.which("unshare") is None or shutil.which("mount") is None:
         return False
-    r = subprocess.run(["unshare", "-m", "true"], capture_output=True)
+    with tempfile.TemporaryDirectory() as d:
+        r = subprocess.run(
+            ["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=1m tmpfs {d} && "
+             f"mount --bind {d} {d} && mount -o remount,ro,bind {d} {d} && "
+             f"! touch {d}/probe 2>/dev/null"], capture_output=True, timeout=60)
     return r.returncode == 0
 
 
