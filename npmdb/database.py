@@ -533,8 +533,9 @@ class Database(Versioning):
         return tx.version
 
     def update(self, docs: Any, *, message: str = "") -> int | None:
-        """Replace documents with the same ids (delete + add, one version); returns the new
-        version id (None inside a batch)."""
+        """Replace documents with the same ids (delete + add, one version; an id that is
+        not there is added: an upsert); returns the new version id (None inside a
+        batch)."""
         items = list(read_documents(docs))
         writer = self._writing()
         with writer.transaction(message) as tx:

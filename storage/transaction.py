@@ -288,6 +288,7 @@ class Writer:
                         f"the database {self.root} was removed or replaced by another process "
                         "while this handle was open (a first add that failed removes the "
                         "database it made); nothing was written: open it again")
+                self._reload_config()
                 self._allocated = []
                 recover(self.env, self.root)
                 head = self.head_id()
@@ -310,6 +311,17 @@ class Writer:
                     seal(self.env, self.root)
         finally:
             self._exit(outer)
+
+    def _reload_config(self) -> None:
+        """The config as committed: another handle's ``optimize(index=, codec=)`` may have
+        changed it since this one opened (new segments were written with the old kinds,
+        and the next optimize merged back to them). Updated in place: the Database's
+        handle holds the same dict."""
+        with self.env.read() as txn:
+            config = V.get_meta(txn, self.env.dbs, "config")
+        if isinstance(config, dict) and config != self.config:
+            self.config.clear()
+            self.config.update(config)
 
     def _enter(self, timeout: float) -> bool:
         me = threading.get_ident()
@@ -362,8 +374,9 @@ class Writer:
         thread ends (rolled back if it raises); nested ones join it."""
         V.check_message(message)
         with self.hold():
-            if self._changes is not None:
-                yield Transaction(self, outermost=False)
+            if self._changes is not None:  # a nested batch: undone alone if it raises
+                with self.savepoint():
+                    yield Transaction(self, outermost=False)
                 return
             self._changes = _Changes(self.head(), message)
             tx = Transaction(self, outermost=True)
@@ -540,6 +553,9 @@ class Writer:
         m = self._commit(ops, read, message=message, info=info, tag=tag, meta=meta)
         if pending is not None:  # an open (empty) batch goes on from the new version
             pending.read = m
+            # the segments this commit wrote are committed: the batch's end must not
+            # remove them as its own unused ones (an optimize in a batch lost its merge)
+            pending.allocated.clear()
         return m
 
     def _commit(self, ops: Sequence[V.Operation], read: V.Manifest | None, *,

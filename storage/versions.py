@@ -316,6 +316,9 @@ def _moved(op: Operation, read: Manifest, now: Manifest) -> str | None:
         return f"segments {missing} were added and have no vectors of generation " \
                f"{op.generation.id}" if missing else None
     if isinstance(op, Rewrite):
+        if now.generation != read.generation:  # its new segments hold the old vectors only
+            return (f"the embedding generation changed ({read.generation} -> "
+                    f"{now.generation}) meanwhile")
         gone = [s for s in op.removed if s not in now.segments]
         if gone:
             return f"segments {gone} it rewrites are no longer in HEAD"

@@ -326,3 +326,59 @@ def test_commit_rebases_only_what_is_provably_safe(new_db):
     assert m.parent == head and m.segments == old.segments and m.stats["docs"] == 2
     assert new_db.count() == 2 and rec.docs == 2
 
+
+
+def test_a_rewrite_is_not_rebased_over_a_new_embedding_generation(new_db):
+    """An optimize read at generation 0 and committed over a re-embedding would name a
+    merged segment with no vectors of HEAD's generation."""
+    from npmdb.storage import format as F
+    from npmdb.storage import versions as V
+
+    new_db.add(_docs("a", 2))
+    with new_db.env.read() as txn:
+        old = V.head(txn, new_db.env.dbs)
+        rec = F.get_segment(txn, new_db.env.dbs, old.segments[0])
+        g0 = F.get_generation(txn, new_db.env.dbs, 0)
+    _commit(new_db, [V.Reembed(F.GenerationRecord(1, g0.encoder, 0.0, 0), old.segments)],
+            old)  # a re-embedding lands
+    head = new_db.version
+    with pytest.raises(npmdb.OperationalError, match="embedding generation changed"):
+        _commit(new_db, [V.Rewrite(old.segments, rec)], old)
+    assert new_db.version == head
+
+
+def test_optimize_in_an_empty_batch_keeps_its_merged_segment(new_db):
+    """The batch's end removed the segment optimize had committed, as an unused leftover:
+    HEAD named a missing segment, and the next vacuum removed the intact versions."""
+    new_db.add(_docs("a", 1))
+    new_db.add(_docs("b", 1))
+    with new_db.batch():
+        new_db.optimize()
+    assert sorted(d["id"] for d in new_db.documents()) == ["a0", "b0"]
+    assert new_db.check().ok
+    new_db.vacuum()
+    assert sorted(d["id"] for d in new_db.documents()) == ["a0", "b0"]
+
+
+def test_a_nested_batch_that_raises_is_undone_alone(new_db):
+    new_db.add([{"id": "keep", "text": "Oslo is in Norway."}])
+    with new_db.batch():
+        new_db.add([{"id": "outer", "text": "Bergen is in Norway."}])
+        with pytest.raises(ValueError):
+            with new_db.batch():  # e.g. a helper with a batch of its own
+                new_db.add([{"id": "inner", "text": "half of a change."}])
+                new_db.delete("keep")
+                raise ValueError("the helper failed half way")
+    assert sorted(d["id"] for d in new_db.documents()) == ["keep", "outer"]
+
+
+def test_a_handle_writes_with_the_settings_another_handle_converted_to(new_db):
+    """A handle opened before another's optimize(index=, codec=) kept writing hnsw/float16
+    segments, and its next optimize merged everything back to them."""
+    new_db.add(_docs("a", 1))
+    with npmdb.open(new_db.path, progress=False) as other:
+        other.optimize(index="exact", codec="int8")
+    new_db.add(_docs("b", 1))
+    assert new_db.config["dense"] == "faiss-flat" and new_db.config["codec"] == "int8"
+    new_db.optimize()
+    assert set(new_db.stats()["index"]) == {"faiss-flat"}
