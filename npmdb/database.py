@@ -83,6 +83,16 @@ def open(path: str | os.PathLike, *, encoder: str | os.PathLike | None = None,
 #: Tokens a block holds unless ``block_len`` says otherwise (or the encoder takes fewer).
 DEFAULT_BLOCK_LEN = 256
 
+def _disk_bytes(root: Path) -> int:
+    """Bytes of the files under ``root``; a file a writer removes meanwhile counts 0."""
+    total = 0
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            with suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
+
+
 class Database(Versioning):
     """An npmdb database directory. Create with :func:`npmdb.open`."""
 
@@ -283,6 +293,7 @@ class Database(Versioning):
         self.env.close()
 
     def __enter__(self) -> "Database":
+        self._check_open()
         return self
 
     def __exit__(self, *exc) -> None:
@@ -594,7 +605,7 @@ class Database(Versioning):
             for seg in (m.segments if m else ()):
                 kind = self._readers.get(txn, seg).record.dense
                 kinds[kind] = kinds.get(kind, 0) + 1
-        size = sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file())
+        size = _disk_bytes(self.path)
         data = {"tokens": 0} | (m.stats if m else {}) | {
             "segments": len(m.segments) if m else 0, "version": m.id if m else None,
             "generation": m.generation if m else 0, "bytes": size, "bytes_on_disk": size,

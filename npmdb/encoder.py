@@ -13,6 +13,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import threading
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
@@ -258,11 +259,21 @@ def describe(path: str | os.PathLike | None, fingerprint: str | None = None) -> 
                        tokenizer=fingerprint_tokenizer(p))
 
 
+_LOAD_LOCK = threading.RLock()
+
+
 class Encoder:
     """A Hugging Face encoder with its fast tokenizer, used for corpus and queries."""
 
     def __init__(self, path: str | os.PathLike | None = None, *, device: str | None = None,
                  info: EncoderInfo | None = None, state_dict: dict | None = None) -> None:
+        # one load at a time in a process: two handles loading at once raced on
+        # transformers' lazy imports ("cannot import name 'AutoModel'")
+        with _LOAD_LOCK:
+            self._load(path, device=device, info=info, state_dict=state_dict)
+
+    def _load(self, path: str | os.PathLike | None, *, device: str | None,
+              info: EncoderInfo | None, state_dict: dict | None) -> None:
         import torch
         from transformers import AutoModel, AutoTokenizer
         from transformers.utils import logging as hf_logging

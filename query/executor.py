@@ -16,6 +16,7 @@ Stages are recorded in serial order, with rows and milliseconds; a failure that 
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -32,6 +33,16 @@ __all__ = ["execute", "run_plan"]
 
 _BRANCHES: ThreadPoolExecutor | None = None  # concurrent sibling operators (not the
 _BRANCHES_LOCK = threading.Lock()            # per-segment pool: no nested waits on one pool)
+
+
+def _reset_after_fork() -> None:
+    """A forked child has none of the parent's threads: its pool would take tasks that no
+    thread runs (a query hung for ever). The child starts a pool of its own."""
+    global _BRANCHES, _BRANCHES_LOCK
+    _BRANCHES, _BRANCHES_LOCK = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
 
 _ANSWER_KINDS = ("masked", "classify")
 

@@ -9,6 +9,8 @@ operators (EVIDENCE, SEARCH, DOCUMENTS, projection) in :mod:`npmdb.query.rows`.
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 from concurrent.futures import wait
 from dataclasses import dataclass, replace
@@ -40,6 +42,19 @@ def side_flags(side: str, any_word: bool) -> int:
 
 _POOL = None
 _POOL_LOCK = threading.Lock()
+
+
+def _reset_after_fork() -> None:
+    """A forked child has none of the parent's threads: its pool would take tasks that no
+    thread runs (a query hung for ever). The child starts a pool of its own."""
+    global _POOL, _POOL_LOCK
+    _POOL, _POOL_LOCK = None, threading.Lock()
+    torch = sys.modules.get("torch")
+    if torch is not None:  # its OpenMP threads are not the child's either: one thread
+        torch.set_num_threads(1)
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 def per_segment(fn: Callable[[int], Any], n: int) -> list:

@@ -8,8 +8,9 @@ import errno
 import os
 import threading
 import time
+import weakref
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 import lmdb
 
@@ -27,7 +28,8 @@ INITIAL_MAP = 1 << 30  # 1 GiB; grows by doubling when full
 MAX_MAP = 1 << 40
 
 
-_SHARED: dict[str, list] = {}  # realpath -> [lmdb.Environment, dbs, refcount, readonly, gate]
+# realpath -> [lmdb.Environment, dbs, refcount, readonly, gate, mapped, data.mdb's file id]
+_SHARED: dict[str, list] = {}
 _SHARED_LOCK = threading.Lock()
 CLOSE_WAIT = 60.0  # seconds close() waits for other threads' queries to end
 
@@ -52,6 +54,7 @@ class _Gate:
         self.mine = threading.local()
         self.mapped = mapped  # this process's map size
         self.closing = False
+        self.idle: Callable[[], Any] | None = None  # called when the last transaction ends
 
     def try_resize(self, env, size: int) -> None:
         """Grow the map now if no transaction of this process is live (never waits)."""
@@ -92,10 +95,23 @@ class _Gate:
 
     def leave(self) -> None:
         self.mine.n = getattr(self.mine, "n", 1) - 1
+        idle = None
         with self.cond:
             self.live -= 1
             if self.live == 0 or self.closing:
                 self.cond.notify_all()
+            if self.live == 0:
+                idle, self.idle = self.idle, None
+        if idle is not None:
+            idle()
+
+    def when_idle(self, fn: Callable[[], Any]) -> None:
+        """Call ``fn`` now if no transaction is live, else when the last one ends."""
+        with self.cond:
+            if self.live:
+                self.idle = fn
+                return
+        fn()
 
     def drain(self, timeout: float) -> bool:
         """Refuse new transactions and wait up to ``timeout`` seconds for those of other
@@ -185,20 +201,26 @@ class Env:
         self._closed = False
         with _SHARED_LOCK:
             shared = _SHARED.get(self._key)
-            if shared is not None:
+            # shared only while it is the same file: a database removed (or replaced) and
+            # made again at this path is another store, which the old map does not show
+            if shared is not None and shared[6] == file_id(self.path / "data.mdb"):
                 if shared[3] and not readonly:
                     raise OperationalError(
                         f"{self.path} is already open read-only in this process; close that "
                         "handle before opening it for writing")
                 shared[2] += 1
-                self.env, self.dbs, self._gate, self.mapped = shared[0], shared[1], \
-                    shared[4], shared[5]
-                return
-            self._open(readonly, create)
-            self._gate = _Gate(self.env.info()["map_size"])
-            # write-once values (vector chunks, columns) read without py-lmdb's page touch
-            self.mapped = MappedFile(self.path / "data.mdb", self.env.stat()["psize"])
-            _SHARED[self._key] = [self.env, self.dbs, 1, readonly, self._gate, self.mapped]
+                self.env, self.dbs, self._gate, self.mapped, self.file_id = \
+                    shared[0], shared[1], shared[4], shared[5], shared[6]
+            else:
+                self._open(readonly, create)
+                self.file_id = file_id(self.path / "data.mdb")
+                self._gate = _Gate(self.env.info()["map_size"])
+                # write-once values (vector chunks, columns) read without py-lmdb's touch
+                self.mapped = MappedFile(self.path / "data.mdb", self.env.stat()["psize"])
+                _SHARED[self._key] = [self.env, self.dbs, 1, readonly, self._gate,
+                                      self.mapped, self.file_id]
+        # a handle dropped without close() lets go of the environment when collected
+        self._release = weakref.finalize(self, _release, self._key, self.env, self._gate)
 
     def _open(self, readonly: bool, create: bool) -> None:
         data = self.path / "data.mdb"
@@ -255,21 +277,12 @@ class Env:
                                        "nothing was committed") from None
 
     def close(self) -> None:
-        """Let go of the environment; the last handle closes it, once the transactions
-        other threads hold have ended (closing unmaps the file: a query still reading
-        zero-copy values would crash the process). They get up to CLOSE_WAIT seconds."""
+        """Let go of the environment (see :func:`_release`); a handle dropped without it
+        does the same when it is collected."""
         if self._closed:
             return
         self._closed = True
-        with _SHARED_LOCK:
-            shared = _SHARED.get(self._key)
-            if shared is not None and shared[0] is self.env:
-                shared[2] -= 1
-                if shared[2] > 0:
-                    return
-                del _SHARED[self._key]
-        self._gate.drain(CLOSE_WAIT)
-        self.env.close()
+        self._release()
 
     # -- transactions ------------------------------------------------------------------
 
@@ -282,7 +295,7 @@ class Env:
         try:
             borrowed = False
             try:
-                txn = self.env.begin(buffers=buffers)
+                txn = self._begin(buffers)
             except lmdb.MapResizedError:
                 outer = gate.outer()
                 if outer is not None:
@@ -311,6 +324,22 @@ class Env:
                     txn.abort()
         finally:
             gate.leave()
+
+    def _begin(self, buffers: bool) -> lmdb.Transaction:
+        """A read transaction; a full reader table is cleared of the slots of dead
+        processes once, then it is an OperationalError saying what to do."""
+        try:
+            return self.env.begin(buffers=buffers)
+        except lmdb.ReadersFullError:
+            with contextlib.suppress(lmdb.Error):
+                self.env.reader_check()
+            try:
+                return self.env.begin(buffers=buffers)
+            except lmdb.ReadersFullError:
+                raise OperationalError(
+                    f"too many open read transactions on {self.path} (LMDB's reader table "
+                    "is full): finish open snapshots and documents() iterators, or use "
+                    "fewer processes and threads at once") from None
 
     def oldest_reader_txn(self) -> int | None:
         """The oldest snapshot (transaction id) a live read transaction of any process
@@ -413,3 +442,28 @@ def _next_pow2(n: int) -> int:
 
 def _is_enospc(exc: Exception) -> bool:
     return "No space left" in str(exc) or getattr(exc, "errno", None) == errno.ENOSPC
+
+
+def _release(key: str, env: lmdb.Environment, gate: "_Gate") -> None:
+    """One handle lets go of the shared environment ``env``; the last one closes it: it
+    waits up to CLOSE_WAIT seconds for the other threads' transactions, and unmaps only
+    once no transaction is live (a query still reading zero-copy values, or this thread's
+    own open snapshot, would crash the process on an unmapped file)."""
+    with _SHARED_LOCK:
+        shared = _SHARED.get(key)
+        if shared is not None and shared[0] is env:
+            shared[2] -= 1
+            if shared[2] > 0:
+                return
+            del _SHARED[key]
+    gate.drain(CLOSE_WAIT)
+    gate.when_idle(env.close)
+
+
+def file_id(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of ``path``; None where it is gone."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino

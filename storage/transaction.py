@@ -39,7 +39,7 @@ from . import format as F
 from . import versions as V
 from .cleanup import recover, remove_segment, seal
 from .dense import DenseParams
-from .env import Env
+from .env import Env, file_id
 from .integrity import seal_segment
 from .segment_writer import Bar, SegmentWriter, no_bar
 from .segments import Readers, SegmentReader
@@ -89,15 +89,6 @@ class FileLock:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)
             self.fd = None
-
-
-def _file_id(path: Path) -> tuple[int, int] | None:
-    """(device, inode) of ``path``; None where it is gone."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
 
 
 def _read_pid(fd: int) -> int | None:
@@ -219,7 +210,7 @@ class Writer:
         self.progress_enabled = progress
         self.progress = bars or no_bar
         self._file = FileLock(self.root)
-        self._data_id = _file_id(self.root / "data.mdb")  # the store this handle opened
+        self._data_id = env.file_id  # the store this handle opened
         self._cond = threading.Condition()
         self._owner: int | None = None
         self._depth = 0
@@ -282,7 +273,7 @@ class Writer:
         try:
             if outer:
                 self._file.acquire(max(0.0, wait))
-                if _file_id(self.root / "data.mdb") != self._data_id:
+                if file_id(self.root / "data.mdb") != self._data_id:
                     self._file.release()  # a change here would commit to a removed file
                     raise OperationalError(
                         f"the database {self.root} was removed or replaced by another process "

@@ -290,3 +290,97 @@ def test_a_failed_first_add_leaves_a_database_another_writer_holds(tmp_path, tin
     assert (path / "data.mdb").exists()
     _remove_if_never_written(path, made=True)  # nobody holds it: removed
     assert not path.exists()
+
+
+# -- handles and resources (a threads-and-resources hunt) ------------------------------------
+
+
+def test_a_database_made_again_at_a_path_is_not_the_dropped_handles(tmp_path, tiny_encoder):
+    """Handles shared one LMDB environment per path until an explicit close(): a handle
+    dropped without it kept the old (removed) file mapped, and a database made again at
+    the path wrote into that removed file (a fresh process found no database)."""
+    import gc
+    import shutil
+
+    path = tmp_path / "db"
+    old = npmdb.open(path, encoder=tiny_encoder, progress=False)
+    old.add(["Salem is the capital of Oregon."])
+    del old  # never closed
+    gc.collect()
+    shutil.rmtree(path)
+    with npmdb.open(path, encoder=tiny_encoder, progress=False) as db:
+        db.add(["Rome is the capital of Italy.", "Paris is the capital of France."])
+    r = subprocess.run([sys.executable, "-c", f"import npmdb; print(npmdb.open({str(path)!r}, "
+                        "readonly=True, progress=False).count())"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.stdout.strip() == "2", r.stderr
+
+
+def test_a_collected_read_only_handle_lets_a_writable_one_open(tiny_db_path):
+    import gc
+
+    ro = npmdb.open(tiny_db_path, readonly=True, progress=False)
+    assert ro.count()
+    del ro
+    gc.collect()
+    with npmdb.open(tiny_db_path, progress=False) as db:  # "already open read-only" before
+        assert db.count()
+
+
+CLOSE_IN_SNAPSHOT = """
+import sys, numpy as np, npmdb
+db = npmdb.open(sys.argv[1], readonly=True, progress=False)
+with db.snapshot() as snap:
+    cols = snap.columns(0)  # zero-copy: views of the mapped file
+    db.close()  # unmapped the file under this snapshot: reading it then was a SIGSEGV
+    print("read", int(cols.tokens.sum()) > 0)
+with npmdb.open(sys.argv[1], readonly=True, progress=False) as again:
+    print("count", again.count())
+"""
+
+
+def test_close_inside_a_snapshot_unmaps_only_when_it_ends(tiny_db_path, tmp_path):
+    script = tmp_path / "close.py"
+    script.write_text(CLOSE_IN_SNAPSHOT)
+    r = subprocess.run([sys.executable, str(script), str(tiny_db_path)], capture_output=True,
+                       text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "read True" in r.stdout and "count" in r.stdout
+
+
+def test_a_forked_child_can_query_dense(tiny_db_path):
+    """The segment and branch thread pools were module globals: a forked child inherited
+    pools without threads, and a dense query over several segments waited for ever."""
+    import multiprocessing as mp
+
+    with npmdb.open(tiny_db_path, readonly=True, progress=False) as db:
+        db.fill_mask("Thessaloniki is a city in [MASK].", retrieval="dense", top=1)  # pools
+        ctx = mp.get_context("fork")
+        with ctx.Pool(1) as pool:
+            got = pool.apply_async(_child_query, (str(tiny_db_path),)).get(timeout=120)
+    assert got > 0
+
+
+def _child_query(path: str) -> int:
+    with npmdb.open(path, readonly=True, progress=False) as db:
+        return len(db.fill_mask("Thessaloniki is a city in [MASK].", retrieval="dense",
+                                top=3).answers)
+
+
+def test_a_full_reader_table_is_an_operational_error(tiny_db_path):
+    import contextlib
+
+    with npmdb.open(tiny_db_path, readonly=True, progress=False) as db:
+        with contextlib.ExitStack() as stack:
+            with pytest.raises(npmdb.OperationalError, match="reader table is full"):
+                for _ in range(5000):
+                    stack.enter_context(db.snapshot())
+        assert db.count()  # released: reads work again
+
+
+def test_with_on_a_closed_handle_is_refused(tiny_db_path):
+    db = npmdb.open(tiny_db_path, readonly=True, progress=False)
+    db.close()
+    with pytest.raises(npmdb.InterfaceError):
+        with db:
+            pass
