@@ -20,6 +20,7 @@ import numpy as np
 from .errors import Error
 from npmdb.storage import codec as C
 from npmdb.storage import format as F
+from npmdb.storage import versions as V
 from npmdb.storage.integrity import (
     doc_values, gen_of, read_doc_crcs, read_sums, segment_files, validate_hnsw, verify_files,
 )
@@ -119,7 +120,7 @@ class _Checker:
         value = meta.get(key)
         if value is None:
             return default
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        if not V.is_id(value):
             self.err("meta", f"{key} holds {value!r:.80}, not an id")
             return default
         return value
@@ -128,8 +129,6 @@ class _Checker:
 
     def run(self) -> CheckReport:
         t0 = time.perf_counter()
-        from npmdb.storage import versions as V
-
         with self.env.read() as txn:
             meta = {}
             for k, v in txn.cursor(db=self.dbs["meta"]):
@@ -170,7 +169,7 @@ class _Checker:
             for k, v in txn.cursor(db=self.dbs["tags"]):
                 name = bytes(k).decode(errors="replace")
                 vid = self.unpack(v, f"tag {name!r}")
-                if not isinstance(vid, int) or isinstance(vid, bool):
+                if not V.is_id(vid):
                     if vid is not None:
                         self.err(f"tag {name!r}", f"holds {vid!r:.80}, not a version id")
                 elif vid not in versions:

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Sequence
 
 from .errors import Error, ProgrammingError
+from .opening import remove_if_never_written
+from .output import print_result, print_table, shorten
 from .query.result import json_text
 from .query.spec import DEFAULT_K
 
@@ -26,56 +28,6 @@ DEMO_QUERIES = [
     "Thessaloniki is a city in [MASK].",
     "Salem is the capital of [MASK].",
 ]
-
-
-def _print_result(res, *, evidence: bool = True, load_s: float = 0.0, out=None) -> None:
-    from .shell import display_width
-
-    out = sys.stdout if out is None else out   # looked up per call: sys.stdout may be replaced
-    if res.is_explain:
-        print(res.plan, file=out)
-        return
-    if res.columns is not None and res.rows is not None:
-        _print_table(res.columns, res.rows, out)
-        return
-    if not res.answers:
-        print("  (no answers)", file=out)
-    for i, a in enumerate(res.answers, 1):
-        text = repr(a.text)  # padded to 40 columns of the terminal (CJK is two wide)
-        pad = " " * max(0, 40 - display_width(text))
-        print(f"  {i:>2}. {text}{pad} score={a.score:.4f}  support={a.support}", file=out)
-        if evidence:
-            for e in a.evidence[:2]:
-                snip = _shorten(e.snippet, 100)
-                print(f"        {e.doc_id} [{e.start}:{e.end}] {snip}", file=out)
-    loaded = f" (loading the encoder first took {load_s:.1f} s)" if load_s >= 0.05 else ""
-    print(f"  -- version {res.version}, generation {res.generation}, "
-          f"{res.elapsed_ms:.1f} ms{loaded}", file=out)
-
-
-def _shorten(text: str, width: int) -> str:
-    """``text`` on one line, cut to ``width`` characters with "…" (at a space where one
-    is near; ``textwrap.shorten`` dropped a first word longer than the width whole)."""
-    text = " ".join(text.split())
-    if len(text) <= width:
-        return text
-    cut = text[:width - 1]
-    space = cut.rfind(" ")
-    return (cut[:space] if space > width // 2 else cut) + "…"
-
-
-def _print_table(columns, rows, out) -> None:
-    # the shell's cells: NULL, JSON, one line, cut with "…", padded by display width
-    from .shell import _cell, _pad, display_width
-
-    cells = [[_cell(v, 60) for v in r] for r in rows]
-    widths = [max([display_width(c)] + [display_width(r[i]) for r in cells])
-              for i, c in enumerate(columns)]
-    widths = [min(w, 60) for w in widths]
-    print("  ".join(_pad(c, w, False) for c, w in zip(columns, widths)), file=out)
-    print("  ".join("-" * w for w in widths), file=out)
-    for r in cells:
-        print("  ".join(_pad(v, w, False) for v, w in zip(r, widths)), file=out)
 
 
 def cmd_add(args) -> int:
@@ -111,10 +63,10 @@ def cmd_add(args) -> int:
                       f"version {vid}")
     except BaseException:
         if created:  # a failed first add leaves no database behind (nor its encoder choice)
-            _remove_if_never_written(path, made=not existed)
+            remove_if_never_written(path, made=not existed)
         raise
     if created and vid is None:  # nor does one that added nothing
-        _remove_if_never_written(path, made=not existed)
+        remove_if_never_written(path, made=not existed)
     return 0
 
 
@@ -124,40 +76,6 @@ def _added(db, vid: int) -> int:
     versions = {v["id"]: v for v in db.versions()}
     parent = versions.get(versions[vid]["parent"])
     return versions[vid]["docs"] - (parent["docs"] if parent else 0)
-
-
-def _remove_if_never_written(path: Path, *, made: bool) -> None:
-    """Remove the database this command made at ``path`` if it still holds no version (a
-    directory that existed before, empty, stays). Checked and removed holding the writer
-    lock: a process that opened the database meanwhile and is adding to it holds the lock
-    (then the database is left to it), or finds it removed when it takes the lock."""
-    import shutil
-
-    import npmdb
-    from npmdb.storage.transaction import FileLock
-
-    lock = FileLock(path)
-    try:
-        lock.acquire(0.0)
-    except npmdb.Error:  # another writer is at work on it: it is theirs now
-        return
-    try:
-        try:
-            with npmdb.open(path, readonly=True, create=False, progress=False) as db:
-                if db.versions():
-                    return
-        except npmdb.Error:  # not a database, or not one to judge: leave it as it is
-            return
-        if made:
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            for child in path.iterdir():
-                if child.is_dir():
-                    shutil.rmtree(child, ignore_errors=True)
-                else:
-                    child.unlink(missing_ok=True)
-    finally:
-        lock.release()
 
 
 def _timeout_flag(parser: argparse.ArgumentParser) -> None:
@@ -202,7 +120,7 @@ def cmd_query(args) -> int:
                             else res.to_list(), indent=1))
         else:
             print(args.query)
-            _print_result(res, load_s=load_s)
+            print_result(res, load_s=load_s)
             if args.explain:
                 print(res.plan)
     return 0
@@ -221,7 +139,7 @@ def cmd_sql(args) -> int:
         if args.json:
             print(json_text(res.to_list(), indent=1))
         else:
-            _print_result(res)
+            print_result(res)
     return 0
 
 
@@ -242,7 +160,7 @@ def cmd_search(args) -> int:
 
     with npmdb.open(args.db, create=False, readonly=True, progress=False) as db:
         for hit in db.search(args.text, limit=args.limit):
-            print(f"{hit['score']:8.3f}  {hit['doc_id']}  {_shorten(hit['snippet'], 90)}")
+            print(f"{hit['score']:8.3f}  {hit['doc_id']}  {shorten(hit['snippet'], 90)}")
     return 0
 
 
@@ -253,7 +171,7 @@ def cmd_versions(args) -> int:
         rows = [(v["id"], time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(v["time"])),
                  v["parent"], ",".join(v["tags"]), v["docs"], v["tokens"], v["generation"],
                  "*" if v["head"] else "") for v in db.versions()]
-        _print_table(("id", "time", "parent", "tags", "docs", "tokens", "gen", "head"), rows,
+        print_table(("id", "time", "parent", "tags", "docs", "tokens", "gen", "head"), rows,
                      sys.stdout)
     return 0
 
@@ -362,7 +280,7 @@ def _comparisons(runs, n_versions: int, n_retrievals: int) -> list:
 def _print_evaluations(runs, comparisons=(), *, groups: bool = True) -> None:
     """The figures of ``runs`` (one row each), per answer length and relation when
     ``groups``, and each comparison's questions gained and lost."""
-    _print_table(("version", "gen", "retrieval", "micro", "length-macro", "relation-macro",
+    print_table(("version", "gen", "retrieval", "micro", "length-macro", "relation-macro",
                   "seconds"),
                  [(e.version, e.generation, e.retrieval, f"{e.micro:.1f}",
                    f"{e.length_macro:.1f}", f"{e.relation_macro:.1f}", f"{e.seconds:.1f}")
@@ -372,7 +290,7 @@ def _print_evaluations(runs, comparisons=(), *, groups: bool = True) -> None:
         if not groups or len(counts) < 2:
             continue
         print()
-        _print_table((title, "n") + tuple(f"v{e.version} {e.retrieval}" for e in runs),
+        print_table((title, "n") + tuple(f"v{e.version} {e.retrieval}" for e in runs),
                      [(k or "(none)", n) + tuple(f"{getattr(e, f'by_{by}')[k]:.1f}" for e in runs)
                       for k, n in counts.items()], sys.stdout)
     several_relations = len(runs[0].sizes("relation")) > 1
@@ -418,7 +336,7 @@ def cmd_demo(args) -> int:
             for q in queries:
                 res = db.fill_mask(q, retrieval=retrieval, top=3)
                 print(q)
-                _print_result(res, evidence=retrieval == "bm25")
+                print_result(res, evidence=retrieval == "bm25")
         # How often the top answer is right, on the sample's questions with known answers
         # (what `npmdb eval` reports), so the answers above can be read for what they are.
         cloze_path = sample_path("cloze.jsonl")

@@ -25,8 +25,7 @@ from .arguments import check_device, check_location, check_ref, check_text
 from .corpus import read_documents
 from .encoders import Encoders
 from .errors import InterfaceError, OperationalError, ProgrammingError
-from .opening import (FORMAT, check_config, check_empty, check_new, creation_lock,
-                      has_file, remove_unfinished)
+from .opening import FORMAT, check_config, claim_new, creation_lock, remove_unfinished
 from .progress import bar_factory
 from .result import Result
 from .shards import check_sharding, open_shards
@@ -48,6 +47,7 @@ from npmdb.storage.dense import AUTO, IVF, SEGMENT_KINDS, DenseParams
 from npmdb.storage.ivf import check_ivf_params
 from npmdb.storage.env import Env
 from npmdb.storage.segments import Readers
+from npmdb.storage.paths import disk_bytes
 from npmdb.storage.transaction import Writer
 
 __all__ = ["Database", "open"]
@@ -82,16 +82,6 @@ def open(path: str | os.PathLike, *, encoder: str | os.PathLike | None = None,
 
 #: Tokens a block holds unless ``block_len`` says otherwise (or the encoder takes fewer).
 DEFAULT_BLOCK_LEN = 256
-
-def _disk_bytes(root: Path) -> int:
-    """Bytes of the files under ``root``; a file a writer removes meanwhile counts 0."""
-    total = 0
-    for dirpath, _, names in os.walk(root):
-        for name in names:
-            with suppress(OSError):
-                total += os.lstat(os.path.join(dirpath, name)).st_size
-    return total
-
 
 class Database(Versioning):
     """An npmdb database directory. Create with :func:`npmdb.open`."""
@@ -130,21 +120,8 @@ class Database(Versioning):
             dense = index_kind(index)
         self._closed = True
         self._filter_cache: dict = {}
-        exists, made, creating = has_file(self.path, "data.mdb"), False, None
-        if not exists:
-            made = check_new(self.path, readonly=readonly, create=create)
-            # one process creates: the others wait, then find the database made
-            creating = creation_lock(self.path, max(timeout, 60.0))
-            exists = has_file(self.path, "data.mdb")
-            if exists:
-                creating.release()
-                creating = None
-            else:
-                try:
-                    check_empty(self.path)
-                except BaseException:
-                    creating.release()
-                    raise
+        exists, made, creating = claim_new(self.path, readonly=readonly, create=create,
+                                           timeout=timeout)
         #: Whether this handle made the database (a failed first `npmdb add` removes it).
         self.created = not exists
         try:
@@ -605,7 +582,7 @@ class Database(Versioning):
             for seg in (m.segments if m else ()):
                 kind = self._readers.get(txn, seg).record.dense
                 kinds[kind] = kinds.get(kind, 0) + 1
-        size = _disk_bytes(self.path)
+        size = disk_bytes(self.path)
         data = {"tokens": 0} | (m.stats if m else {}) | {
             "segments": len(m.segments) if m else 0, "version": m.id if m else None,
             "generation": m.generation if m else 0, "bytes": size, "bytes_on_disk": size,

@@ -12,19 +12,18 @@ then stored vectors of its encoder under the other's.
 from __future__ import annotations
 
 import os
+import shutil
 from contextlib import suppress
 from pathlib import Path
 
-from .errors import OperationalError
+from .errors import Error, OperationalError
 from npmdb.storage.transaction import FileLock
 
-__all__ = ["FORMAT", "check_config", "check_empty", "check_new", "creation_lock", "has_file", "remove_unfinished"]
+__all__ = ["FORMAT", "check_config", "check_empty", "check_new", "claim_new", "creation_lock",
+           "has_file", "remove_if_never_written", "remove_unfinished"]
 
 #: The on-disk format this npmdb reads and writes (the config's ``format``).
 FORMAT = 1
-
-#: What a failed creation may leave in the database's directory.
-_CREATED = ("data.mdb", "lock.mdb", "write.lock")
 
 
 def has_file(path: Path, name: str) -> bool:
@@ -55,6 +54,27 @@ def check_new(path: Path, *, readonly: bool, create: bool) -> bool:
         raise OperationalError(f"cannot make the database directory {path}: "
                                f"{exc.strerror or exc}") from None
     return made
+
+
+def claim_new(path: Path, *, readonly: bool, create: bool, timeout: float
+              ) -> tuple[bool, bool, FileLock | None]:
+    """``(exists, made, lock)`` for a database at ``path``: whether it exists; where it
+    does not, whether its directory was made here, and the creation lock, held (one
+    process creates: the others wait for it, up to ``max(timeout, 60)`` seconds, then
+    find the database made, and get no lock)."""
+    if has_file(path, "data.mdb"):
+        return True, False, None
+    made = check_new(path, readonly=readonly, create=create)
+    lock = creation_lock(path, max(timeout, 60.0))
+    if has_file(path, "data.mdb"):
+        lock.release()
+        return True, made, None
+    try:
+        check_empty(path)
+    except BaseException:
+        lock.release()
+        raise
+    return False, made, lock
 
 
 def check_empty(path: Path) -> None:
@@ -90,13 +110,42 @@ def creation_lock(path: Path, timeout: float) -> FileLock:
 
 def remove_unfinished(path: Path, made: bool) -> None:
     """Remove what a failed creation left (called holding the creation lock, whose file
-    goes too), and the directory if the creation made it."""
-    for name in _CREATED:
+    goes too: the directory held nothing else before), and the directory if the creation
+    made it."""
+    for child in path.iterdir() if path.is_dir() else ():
         with suppress(OSError):
-            (path / name).unlink(missing_ok=True)
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
     if made:
         with suppress(OSError):
             path.rmdir()
+
+
+def remove_if_never_written(path: Path, *, made: bool) -> None:
+    """Remove the database a failed first ``npmdb add`` made at ``path`` if it still holds
+    no version (a directory that existed before stays, emptied). Checked and removed
+    holding the writer lock: a process that opened the database meanwhile and is adding
+    to it holds the lock (then the database is left to it), or finds it removed when it
+    takes the lock."""
+    from .database import open as open_db
+
+    lock = FileLock(path)
+    try:
+        lock.acquire(0.0)
+    except Error:  # another writer is at work on it: it is theirs now
+        return
+    try:
+        try:
+            with open_db(path, readonly=True, create=False, progress=False) as db:
+                if db.versions():
+                    return
+        except Error:  # not a database, or not one to judge: leave it as it is
+            return
+        remove_unfinished(path, made)
+    finally:
+        lock.release()
 
 
 def check_config(path: Path, config: object) -> None:

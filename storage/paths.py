@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 __all__ = ["segment_dir", "dense_path", "dense_files", "checkpoint_dir", "remove_dir",
-           "fsync_path"]
+           "fsync_path", "disk_bytes"]
 
 
 def segment_dir(root: Path, seg: int) -> Path:
@@ -43,3 +43,15 @@ def fsync_path(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def disk_bytes(root: Path) -> int:
+    """Bytes of the files under ``root``; a file a writer removes meanwhile counts 0."""
+    total = 0
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+            except OSError:
+                pass
+    return total

@@ -28,7 +28,7 @@ from npmdb.errors import OperationalError, ProgrammingError
 from . import format as F
 
 __all__ = ["Manifest", "get_meta", "put_meta", "head", "head_generation", "get_version",
-           "put_version", "meta_id", "trash_of", "parse_ref", "check_tag_name", "resolve", "list_versions", "set_tag", "tags_of", "next_id",
+           "put_version", "is_id", "meta_id", "trash_of", "parse_ref", "check_tag_name", "resolve", "list_versions", "set_tag", "tags_of", "next_id",
            "find_doc", "Append", "Delete", "Rewrite", "Restore", "Reembed", "Operation",
            "commit", "EMPTY"]
 
@@ -71,13 +71,18 @@ def put_meta(txn, dbs, key: str, value: Any) -> None:
     txn.put(key.encode(), F.pack(value), db=dbs["meta"])
 
 
+def is_id(value: Any) -> bool:
+    """Whether ``value`` is a stored id or counter: an integer in 0 .. 2**63 - 1."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2 ** 63
+
+
 def meta_id(txn, dbs, key: str, default: int | None = None) -> int | None:
     """A meta entry that holds an id or a counter (``head``, ``next_segment``…): an integer
     >= 0, else the database is damaged (OperationalError, not int()'s ValueError)."""
     value = get_meta(txn, dbs, key)
     if value is None:
         return default
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2 ** 63:
+    if not is_id(value):
         raise OperationalError(f"the database is damaged: meta {key!r} holds {value!r}, not an "
                                "id; run `npmdb check` for a full report")
     return value
@@ -151,7 +156,7 @@ def tags_of(txn, dbs) -> dict[str, int]:
         vid = F.unpack(v)
         with F.damaged(f"tag {bytes(k)!r}"):
             name = bytes(k).decode()
-            if not isinstance(vid, int) or isinstance(vid, bool):
+            if not is_id(vid):
                 raise TypeError(f"it names {vid!r}, not a version id")
         out[name] = vid
     return out

@@ -490,7 +490,8 @@ def test_npmdb_query_times_the_query_not_the_encoders_load(tmp_path, tiny_encode
     import io
 
     import npmdb
-    from npmdb.cli import _print_result, main
+    from npmdb.cli import main
+    from npmdb.output import print_result as _print_result
     from npmdb.encoders import preload
 
     q = "Where is Maiduguri? It is in [MASK]."

@@ -276,7 +276,7 @@ def test_a_failed_first_add_leaves_a_database_another_writer_holds(tmp_path, tin
     """The cleanup of a failed first `npmdb add` removed a database that another process
     was adding to (it had no version yet): that add then reported success for a database
     that was gone."""
-    from npmdb.cli import _remove_if_never_written
+    from npmdb.opening import remove_if_never_written as _remove_if_never_written
     from npmdb.storage.transaction import FileLock
 
     path = tmp_path / "db"

@@ -76,7 +76,8 @@ def test_cells_are_one_line_of_printable_text_aligned_by_display_width():
 
 
 def test_cli_snippets_are_cut_not_dropped(versioned_db_path, capsys):
-    from npmdb.cli import _shorten, main
+    from npmdb.cli import main
+    from npmdb.output import shorten as _shorten
 
     assert _shorten("x" * 200, 20) == "x" * 19 + "…"  # textwrap.shorten gave "[...]"
     assert _shorten("hello world  this is\n a test", 20) == "hello world this…"
@@ -331,7 +332,7 @@ def test_query_output_aligns_wide_characters():
     columns right per character."""
     import io
 
-    from npmdb.cli import _print_result
+    from npmdb.output import print_result as _print_result
     from npmdb.query.result import Answer, Result
     from npmdb.shell import display_width
 
