@@ -248,7 +248,8 @@ class Database(Versioning):
                     f"{want.fingerprint[:12]}…) but you passed {given.name!r} (sha256 "
                     f"{given.fingerprint[:12]}…): open it with encoder=None to use its own "
                     "encoder, or use another directory for the new encoder")
-            if want.tokenizer and given.tokenizer != want.tokenizer:
+            if want.tokenizer and not enc_mod.tokenizer_matches(Path(given.path),
+                                                                 want.tokenizer):
                 raise ProgrammingError(
                     f"{self.path} was built with encoder {want.name!r} and another tokenizer "
                     f"than the one at {given.path} (sha256 {given.tokenizer[:12]}…, recorded "
@@ -313,6 +314,7 @@ class Database(Versioning):
         check_ref(version)
         with self.env.read(buffers=True) as txn:
             m = V.resolve(txn, self.env.dbs, version)
+            self._readers.sweep(txn)
             segs = [self._readers.get(txn, s) for s in m.segments]
             gen = m.generation
             # the generation's record as this snapshot sees it: a vacuum in another process

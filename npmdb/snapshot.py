@@ -89,10 +89,14 @@ class Snapshot:
         return sub
 
     def close(self) -> None:
-        """Let go of the transaction and of every view of its pages."""
+        """Let go of the transaction, of every view of its pages and of its segment
+        readers (query state can keep a closed snapshot in a reference cycle until the
+        next garbage collection; a reader a vacuum removed would hold its files till then)."""
         with self._columns_lock:
             self._columns.clear()
         self.txn = None
+        self.segments = []
+        self._whole = None
 
     def dense(self, si: int, side: str):
         """Segment ``si``'s dense index of ``side`` for this snapshot's generation."""

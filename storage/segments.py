@@ -260,6 +260,20 @@ class SegmentReader:
 
     # -- indexes ----------------------------------------------------------------------
 
+    def forget_generations(self, recorded: Callable[[int], bool]) -> None:
+        """Drop the loaded indexes and located chunks of embedding generations for which
+        ``recorded`` is false (removed by a vacuum); snapshots using them keep theirs."""
+        with self._lock:
+            # list(): stored_chunk adds located chunks without the lock
+            located = list(self._located)
+            gens = {g for g, _ in self._dense} | set(self._ivf) | {g for g, _ in located}
+            for gen in [g for g in gens if not recorded(g)]:
+                for key in [k for k in list(self._dense) if k[0] == gen]:
+                    del self._dense[key]
+                for key in [k for k in located if k[0] == gen]:
+                    self._located.pop(key, None)
+                self._ivf.pop(gen, None)
+
     def bm25(self) -> BM25Index:
         if self._bm25 is None:
             with self._lock:
@@ -372,6 +386,7 @@ class Readers:
         self.root, self.env, self.params = Path(root), env, params
         self._readers: dict[int, SegmentReader] = {}
         self._lock = threading.Lock()
+        self._swept = -1  # the id of the last transaction sweep() looked through
 
     def get(self, txn, seg: int) -> SegmentReader:
         r = self._readers.get(seg)
@@ -383,6 +398,26 @@ class Readers:
                 r = self._readers.setdefault(seg, SegmentReader(self.root, self.env, rec,
                                                                 self.params))
         return r
+
+    def sweep(self, txn) -> None:
+        """Let go of the readers of segments that ``txn`` no longer records (a vacuum in
+        another handle or process removed them), and of the embedding generations whose
+        vectors of a segment it no longer holds. A handle kept open beside a writer held
+        their files (disk space never returned) and loaded indexes until it was closed.
+        Snapshots that still use a reader keep it; only this cache's reference goes. Runs
+        once per commit seen."""
+        tid = txn.id()
+        if tid <= self._swept:
+            return
+        dbs = self.env.dbs
+        with self._lock:
+            self._swept = max(self._swept, tid)
+            for seg, r in list(self._readers.items()):
+                if F.get_segment(txn, dbs, seg) is None:
+                    del self._readers[seg]
+                else:  # a generation's vectors of this segment (chunk 0 is always there)
+                    r.forget_generations(lambda g, s=seg: txn.get(
+                        F.vec_key(g, s, 0), db=dbs["vectors"]) is not None)
 
     def clear(self) -> None:
         self._readers.clear()

@@ -649,3 +649,72 @@ def test_an_os_error_before_the_change_says_nothing_was_committed(small_db):
     with pytest.raises(npmdb.OperationalError, match="the change was not committed"):
         small_db.add(["Another document."])
     assert small_db.versions() == before
+
+
+def _deleted_files_under(path: Path) -> set[str]:
+    """Files under ``path`` that this process still maps or holds open after their removal."""
+    held = set()
+    root = str(path.resolve())
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        if line.endswith(" (deleted)") and root in line:
+            held.add(line.split(None, 5)[-1])
+    for fd in Path("/proc/self/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.endswith(" (deleted)") and target.startswith(root):
+            held.add(target)
+    return held
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux /proc")
+def test_a_long_lived_reader_lets_go_of_what_another_handle_vacuumed(tmp_path, tiny_encoder,
+                                                                     sample_corpus):
+    """A read handle kept open beside a writer (``npmdb serve``) drops the segments and
+    embedding generations a vacuum removed at its next query: it held their files (disk
+    space never returned) and their indexes (memory) until it was closed."""
+    path = tmp_path / "db"
+    with npmdb.open(path, encoder=tiny_encoder, progress=False) as db:
+        db.add(sample_corpus[:40])
+        db.add(sample_corpus[40:80])
+    q = "Rome is the capital of [MASK]."
+    with npmdb.open(path, progress=False) as reader:
+        for retrieval in ("bm25", "dense"):
+            assert reader.fill_mask(q, retrieval=retrieval, top=3).answers
+        with npmdb.open(path, progress=False) as db:
+            db.optimize()
+            db.vacuum()
+        assert not (path / "segments" / "s000001").exists()
+        after = reader.fill_mask(q, retrieval="dense", top=3)
+        assert after.answers
+        assert not _deleted_files_under(path)
+        with reader.snapshot() as snap:
+            head = {s.seg for s in snap.segments}
+        assert set(reader._readers._readers) == head
+    with npmdb.open(path, progress=False) as fresh:
+        assert [a.text for a in after] == [a.text for a in fresh.fill_mask(
+            q, retrieval="dense", top=3)]
+
+
+def test_a_long_lived_reader_lets_go_of_a_vacuumed_embedding_generation(tmp_path, tiny_encoder,
+                                                                        sample_corpus):
+    """A new embedding generation (a training refresh) and a vacuum in another handle: the
+    read handle's next query drops the old generation's loaded dense indexes."""
+    from transformers import AutoModel
+
+    path = tmp_path / "db"
+    with npmdb.open(path, encoder=tiny_encoder, progress=False) as db:
+        db.add(sample_corpus[:30])
+    q = "Rome is the capital of [MASK]."
+    with npmdb.open(path, progress=False) as reader:
+        assert reader.fill_mask(q, retrieval="dense", top=3).answers
+        (seg,) = reader._readers._readers.values()
+        assert {g for g, _ in seg._dense} == {0}
+        with npmdb.open(path, progress=False) as db:
+            _, gen = db.write_generation(AutoModel.from_pretrained(tiny_encoder))
+            db.vacuum()
+        assert reader.fill_mask(q, retrieval="dense", top=3).answers
+        assert {g for g, _ in seg._dense} == {gen}
+        assert all(g == gen for g, _ in seg._located)
+        assert not _deleted_files_under(path)
