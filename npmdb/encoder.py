@@ -160,9 +160,9 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "spiece.model", "sentencepiece.bpe.model", "sentencepiece.model")
 
 
-#: Every file a tokenizer may be read from: the fingerprinted ones (a list kept as
-#: databases recorded it) and sentencepiece models by other names (DeBERTa-v2/v3's
-#: ``spm.model``, ``tokenizer.model``). A trained checkpoint gets those its source has.
+#: Every file a tokenizer may be read from, all fingerprinted: those above and
+#: sentencepiece models by other names (DeBERTa-v2/v3's ``spm.model``,
+#: ``tokenizer.model``). A trained checkpoint gets those its source has.
 ALL_TOKENIZER_FILES = TOKENIZER_FILES + ("spm.model", "tokenizer.model")
 
 #: Of those, the ones that hold a vocabulary: a directory needs one of them.
@@ -179,7 +179,14 @@ def has_tokenizer(path: Path) -> bool:
 def fingerprint_tokenizer(path: Path) -> str:
     """sha256 over the tokenizer files of a model directory: the same weights read through
     another vocabulary or casing give other token ids, and vectors of another text."""
-    return _sha256_of(path, TOKENIZER_FILES)
+    return _sha256_of(path, ALL_TOKENIZER_FILES)
+
+
+def tokenizer_matches(path: Path, recorded: str) -> bool:
+    """Whether the tokenizer files at ``path`` are those fingerprinted as ``recorded``; a
+    database made before ``spm.model`` and ``tokenizer.model`` were fingerprinted recorded
+    the sha256 of the others (the same value where a directory has neither)."""
+    return recorded in (fingerprint_tokenizer(path), _sha256_of(path, TOKENIZER_FILES))
 
 
 def _sha256_of(path: Path, names: Sequence[str]) -> str:

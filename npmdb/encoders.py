@@ -91,8 +91,8 @@ class Encoders:
                 "its config or weights changed or were damaged, and no installed encoder "
                 "has the recorded weights; restore that directory, or open with "
                 "encoder='/path/to/the/original'")
-        tok = enc_mod.fingerprint_tokenizer(path) if info.tokenizer else ""
-        if tok != info.tokenizer:
+        if info.tokenizer and not enc_mod.tokenizer_matches(path, info.tokenizer):
+            tok = enc_mod.fingerprint_tokenizer(path)
             raise OperationalError(
                 f"the tokenizer of embedding generation {gen} at {path} is not the one that "
                 f"made its vectors (its files changed: sha256 {tok[:12]}…, recorded "

@@ -361,3 +361,29 @@ def test_sentencepiece_models_by_other_names_count_as_a_tokenizer(tmp_path, tiny
             shutil.copy(tiny_encoder / f, d / f)
         (d / name).write_bytes(b"a sentencepiece model")
         assert describe(d).fingerprint
+
+
+def test_a_changed_sentencepiece_model_by_another_name_is_refused(tmp_path, tiny_encoder):
+    """``spm.model`` and ``tokenizer.model`` are fingerprinted with the other tokenizer
+    files: a changed one is refused (it was accepted); a database that recorded the
+    fingerprint from before, without them, still opens while they are unchanged."""
+    from npmdb import encoder as enc_mod
+
+    enc = tmp_path / "enc"
+    shutil.copytree(tiny_encoder, enc)
+    (enc / "spm.model").write_bytes(b"a sentencepiece model")  # beside BERT's vocab.txt
+    with npmdb.open(tmp_path / "db", encoder=enc, progress=False) as db:
+        db.add(["Salem is the capital of Oregon."])
+    legacy = enc_mod._sha256_of(enc, enc_mod.TOKENIZER_FILES)
+    recorded = enc_mod.fingerprint_tokenizer(enc)
+    assert legacy != recorded
+    assert enc_mod.tokenizer_matches(enc, legacy) and enc_mod.tokenizer_matches(enc, recorded)
+    (enc / "spm.model").write_bytes(b"another sentencepiece model")
+    assert not enc_mod.tokenizer_matches(enc, recorded)
+    with npmdb.open(tmp_path / "db", progress=False) as db:
+        with pytest.raises(npmdb.OperationalError, match="the tokenizer of embedding "
+                                                         "generation 0 .* is not the one"):
+            db.fill_mask("Salem is the capital of [MASK].")
+        assert db.count() == 1
+    with pytest.raises(npmdb.ProgrammingError, match="another tokenizer"):
+        npmdb.open(tmp_path / "db", encoder=enc)
