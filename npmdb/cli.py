@@ -83,6 +83,16 @@ def _timeout_flag(parser: argparse.ArgumentParser) -> None:
                         help="seconds to wait for another writer (default 0: fail at once)")
 
 
+def _as_flags(message: str, names: Sequence[str]) -> str:
+    """An API error about argument ``name`` (``"batch_blocks must be >= 2"``) as the
+    command line spells it (``--batch-blocks``)."""
+    import re
+
+    def flag(m: "re.Match[str]") -> str:
+        return f"--{m.group(1).replace('_', '-')}" if m.group(1) in names else m.group(0)
+    return re.sub(r"\b([a-z_]+)(?= must | is required)", flag, message)
+
+
 def _fill_options(args, flags: Sequence[str]) -> dict:
     """The ``--option NAME=VALUE`` pairs of ``npmdb query`` and ``npmdb eval``, typed; a
     pair without ``=``, or one that repeats a flag of the command (``flags``), is the
@@ -216,11 +226,15 @@ def cmd_train(args) -> int:
     with npmdb.open(args.db, create=False, progress=not args.quiet,
                     timeout=args.timeout) as db:
         before = db.version
-        report = npmdb.train(db, steps=args.steps, batch_blocks=args.batch_blocks, lr=args.lr,
-                             objective=args.objective, refresh_every=args.refresh_every,
-                             seed=args.seed, preset=args.preset, resume=args.resume,
-                             threads=args.threads, max_seconds=args.max_seconds,
-                             reverse_pairs=args.reverse_pairs)
+        settings = dict(steps=args.steps, batch_blocks=args.batch_blocks, lr=args.lr,
+                        objective=args.objective, refresh_every=args.refresh_every,
+                        seed=args.seed, preset=args.preset, resume=args.resume,
+                        threads=args.threads, max_seconds=args.max_seconds,
+                        reverse_pairs=args.reverse_pairs)
+        try:
+            report = npmdb.train(db, **settings)
+        except ProgrammingError as exc:  # "batch_blocks must be ..." names the flag
+            raise ProgrammingError(_as_flags(str(exc), settings)) from None
         print(report)
         if questions is not None and report.versions:
             decision = keep_if_better(db, questions, before=before, trained=report.versions,

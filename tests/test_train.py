@@ -432,6 +432,24 @@ def test_cli_train(db_copy, capsys):
         assert db.versions()[-1]["tags"] == ["train-step-2"]
 
 
+def test_cli_train_errors_name_the_flags(db_copy, capsys):
+    """`npmdb train DB --batch-blocks 1` says `--batch-blocks must be >= 2`, not the
+    Python argument's name; nothing is trained."""
+    from npmdb.cli import main
+
+    path = str(db_copy.path)
+    db_copy.close()
+    for argv, flag in ((["--batch-blocks", "1"], "--batch-blocks"),
+                       (["--steps", "2", "--lr", "-1"], "--lr"),
+                       (["--steps", "2", "--refresh-every", "-3"], "--refresh-every"),
+                       (["--steps", "2", "--max-seconds", "-1"], "--max-seconds")):
+        assert main(["train", path, "--steps", "2", *argv, "-q"]) != 0
+        err = capsys.readouterr().err
+        assert f"{flag} must be" in err and "_" not in err.split(" must")[0], err
+    with npmdb.open(path, progress=False) as db:
+        assert len(db.versions()) == 1
+
+
 def test_resume_without_steps_continues_to_the_saved_total(db_copy, capsys):
     """`npmdb train DB --preset demo --max-seconds S` then `--preset demo --resume`: the
     resumed run continues to the saved run's planned total (it used to say "steps is
