@@ -408,7 +408,7 @@ def build_parser() -> argparse.ArgumentParser:
     q = sub.add_parser("query", help="fill a [MASK] with phrases from the corpus")
     q.add_argument("db")
     q.add_argument("query")
-    q.add_argument("--top", type=int, default=5)
+    q.add_argument("--top", type=int, default=5, help="answers to print (0: every one)")
     q.add_argument("-k", type=int, default=DEFAULT_K)
     q.add_argument("--mode", default="phrase", choices=("phrase", "token"))
     q.add_argument("--retrieval", default=None, choices=("bm25", "dense", "hybrid"),

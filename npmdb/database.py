@@ -366,7 +366,7 @@ class Database(Versioning):
         ``retrieval``: ``"bm25"`` (the default: every token of the top ``blocks`` BM25
         blocks is a candidate), ``"dense"`` (top-``k`` starts and ends over the whole
         corpus; the default when ``exact=True``) or ``"hybrid"``.
-        See DESIGN.md section 1. Extra options: ``scoring`` ('npm' | 'raw'), ``group_by``
+        ``top``: answers returned (0: every one). See DESIGN.md section 1. Extra options: ``scoring`` ('npm' | 'raw'), ``group_by``
         ('phrase' | 'tokens' | 'document' | 'word'), ``clean_edges``, ``no_stopwords``,
         ``evidence`` (occurrences kept per answer), ``offset``, ``version`` (AS OF).
         """

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Union
 
 __all__ = [
-    "ANSWER_COLUMNS", "EVIDENCE_COLUMNS", "SEARCH_COLUMNS", "DOCUMENT_COLUMNS",
     "GROUP_KEYS", "RETRIEVAL_METHODS", "TABLE_FUNCTIONS", "SHOW_TARGETS",
     "Node", "Expr", "Literal", "Param", "Name", "Star", "Call", "UnaryOp", "BinaryOp",
     "BoolOp", "Like", "InList", "Between", "IsNull",
@@ -30,20 +29,6 @@ __all__ = [
     "dump", "walk", "params",
 ]
 
-#: Columns of a MASKED / TOKENS / CLASSIFY answer row (validated after parsing).
-ANSWER_COLUMNS: tuple[str, ...] = (
-    "phrase", "score", "support", "tokens", "length", "evidence", "doc_id", "title",
-    "start", "end", "snippet", "label", "version", "generation",
-)
-#: Columns of an EVIDENCE row (one row per occurrence).
-EVIDENCE_COLUMNS: tuple[str, ...] = (
-    "phrase", "score", "doc_id", "title", "start", "end", "snippet", "tokens", "length",
-    "version", "generation",
-)
-#: Columns of a SEARCH row (one row per block).
-SEARCH_COLUMNS: tuple[str, ...] = ("doc_id", "title", "snippet", "score", "start", "end", "text")
-#: Columns of a DOCUMENTS row.
-DOCUMENT_COLUMNS: tuple[str, ...] = ("id", "title", "text", "meta")
 #: Accepted ``GROUP BY`` keys (validated after parsing).
 GROUP_KEYS: tuple[str, ...] = ("phrase", "tokens", "document")
 #: ``USING`` methods; the parser rejects others with a "did you mean".

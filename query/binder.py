@@ -335,6 +335,11 @@ class _Binder:
             if opts.get("mode", "token") != "token":
                 self.fail(where["mode"], "TOKENS(...) is token mode; use MASKED(...) for phrases")
             opts["mode"] = "token"
+        if self.source == "EVIDENCE" and opts.get("evidence") == 0:
+            # on MASKED it keeps no occurrence; EVIDENCE's rows are occurrences
+            self.fail(where["evidence"], "EVIDENCE lists occurrences: WITH evidence = 0 would "
+                      "list none; leave the option out for every occurrence of each answer, "
+                      "or give evidence = n (n >= 1) for its best n")
         self.option_pos = where
         return opts
 

@@ -35,7 +35,8 @@ def json_text(value: Any, **kw: Any) -> str:
 
 #: The type of each column whose type its name tells, for ``to_arrow`` and ``to_pandas``:
 #: an answer's (:meth:`Answer.to_dict`) and the standard columns of the SQL sources
-#: (``query/ast.py``: MASKED, TOKENS, CLASSIFY, EVIDENCE, SEARCH, DOCUMENTS; SHOW TAGS).
+#: (``query/logical.py``'s ``column_names``: MASKED, TOKENS, CLASSIFY, EVIDENCE, SEARCH,
+#: DOCUMENTS; SHOW TAGS).
 #: "evidence" is a list of :class:`Evidence` as dicts.
 COLUMN_TYPES: dict[str, str] = {
     "text": "string", "phrase": "string", "label": "string", "id": "string",
@@ -43,7 +44,8 @@ COLUMN_TYPES: dict[str, str] = {
     "snippet": "string", "tag": "string",
     "score": "float64",
     "support": "int64", "tokens": "int64", "length": "int64", "start": "int64", "end": "int64",
-    "block": "int64", "version": "int64", "generation": "int64",
+    "block": "int64", "version": "int64", "generation": "int64", "rank": "int64",
+    "answer_score": "float64",
     "evidence": "evidence",
 }
 

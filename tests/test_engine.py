@@ -436,16 +436,23 @@ def test_an_empty_result_has_the_schema_of_a_full_one(small_db):
 
 def test_column_types_cover_the_standard_columns():
     """Every standard column of the SQL sources but ``meta`` (whatever the documents hold)
-    has a type, and the evidence struct has Evidence's fields in order."""
+    has a type (``rank`` and ``answer_score`` had none: an empty result typed them null,
+    and did not concatenate with a full one), and the evidence struct has Evidence's fields
+    in order."""
     import dataclasses
 
-    from npmdb.query import ast
+    import pyarrow as pa
+
+    from npmdb.query.logical import SOURCES, column_names
     from npmdb.query.result import COLUMN_TYPES, EVIDENCE_TYPES
 
-    standard = set(ast.ANSWER_COLUMNS + ast.EVIDENCE_COLUMNS + ast.SEARCH_COLUMNS +
-                   ast.DOCUMENT_COLUMNS) - {"meta"}
-    assert standard <= set(COLUMN_TYPES)
+    standard = {c for s in SOURCES.values() for c in column_names(s)} - {"meta"}
+    assert standard - set(COLUMN_TYPES) == set()
     assert [f for f, _ in EVIDENCE_TYPES] == [f.name for f in dataclasses.fields(npmdb.Evidence)]
+    cols = ("phrase", "rank", "answer_score")
+    full = npmdb.Result((), columns=cols, rows=(("Oregon", 1, 0.5),)).to_arrow()
+    assert pa.concat_tables([full, npmdb.Result((), columns=cols, rows=()).to_arrow()]) \
+        .num_rows == 1
 
 
 def test_arrow_columns_of_other_values_keep_inference():

@@ -471,6 +471,10 @@ def test_evidence_rows_are_every_occurrence(db):
     assert order == sorted(order, key=[a.text for a in answers].index)
     res = db.sql("SELECT phrase, score FROM EVIDENCE(?) WITH evidence = 1 LIMIT 4", [Q])
     assert [r[0] for r in res.rows] == [a.text for a in answers[:4]]
+    # evidence = 0 keeps no occurrence on MASKED; on EVIDENCE it listed every one
+    with pytest.raises(npmdb.QueryParseError, match="EVIDENCE lists occurrences") as err:
+        db.sql("SELECT phrase FROM EVIDENCE(?) WITH evidence = 0", [Q])
+    assert err.value.column == len("SELECT phrase FROM EVIDENCE(?) WITH ") + 1
 
 
 def test_evidence_row_predicates_and_order(db):
@@ -1096,3 +1100,13 @@ def test_positioned_errors_survive_pickling():
         back = pickle.loads(pickle.dumps(e))
         assert type(back) is cls and str(back) == str(e)
         assert (back.line, back.column, back.expected) == (1, 8, ("a",))
+
+
+def test_top_zero_is_every_answer_and_limit_zero_is_none(db):
+    """Documented: ``fill_mask(top=0)`` returns every answer, which SQL does not spell;
+    ``LIMIT 0`` returns no rows."""
+    every = db.fill_mask(Q, top=0).answers
+    assert len(every) > 5
+    assert [a.text for a in db.fill_mask(Q, top=len(every) + 10).answers] == \
+        [a.text for a in every]
+    assert db.sql("SELECT phrase FROM MASKED(?) LIMIT 0", [Q]).rows == ()
