@@ -487,10 +487,13 @@ class ClassifyLabels(Operator):
 
     def run(self, st: ExecState) -> Answers:
         occ = st.input(self, Occurrences)
+        # a candidate counts once for a label: words that fold alike ("great", "Great")
+        # or repeat are one word (each added its candidates again: the label's score
+        # doubled, and a decision could flip on how its words were spelt)
         word_to_labels: dict[str, list[str]] = {}
         for label, words in self.labels:
-            for w in words:
-                word_to_labels.setdefault(fold(w), []).append(label)
+            for w in dict.fromkeys(fold(w) for w in words):
+                word_to_labels.setdefault(w, []).append(label)
         logits = S.label_logits(occ.sim_s, occ.sim_e if self.mode == "phrase" else None,
                                 self.tau)
         keys = surfaces_of(st, occ).keys()

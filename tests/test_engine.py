@@ -201,6 +201,17 @@ def test_classify_evidence_stays_best_first_where_weights_overflow(small_db):
     assert all(e.score == float("inf") or e.score > 1e300 for e in tight)
 
 
+def test_a_label_word_spelt_twice_counts_its_candidates_once(small_db):
+    """Words that fold alike ("Greece", "greece") or repeat are one word of the label: each
+    copy added the candidates again, doubling the label's score and support."""
+    one = small_db.classify(Q, {"place": ["Greece"], "other": ["Oregon"]}, exact=True)
+    for words in (["Greece", "greece"], ["Greece", "Greece", "GREECE"]):
+        again = small_db.classify(Q, {"place": words, "other": ["Oregon"]}, exact=True)
+        assert [(a.text, a.score, a.support) for a in again.answers] == \
+            [(a.text, a.score, a.support) for a in one.answers]
+    assert any(a.support for a in one.answers)
+
+
 def test_search_options_are_checked_by_name_and_take_numpy(small_db):
     with pytest.raises(npmdb.ProgrammingError, match="search: unknown option 'limt'; did you "
                                                      "mean 'limit'"):
