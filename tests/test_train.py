@@ -220,7 +220,8 @@ def test_train_writes_a_tagged_generation(db_copy):
     assert [a.text for a in old.answers] == [a.text for a in before.answers]
     # the checkpoint is a safetensors file inside the database; nothing is pickled
     assert (db.path / "encoders" / "g1" / "model.safetensors").exists()
-    assert (db.path / STATE_DIR / "state.safetensors").exists()
+    assert [p.name for p in (db.path / STATE_DIR).glob("*.safetensors")] == \
+        ["state-3.safetensors"]
     assert no_pickles(db.path) == []
     assert "trained 3 steps" in str(report)
 
@@ -500,7 +501,7 @@ def test_damaged_training_state_is_an_operational_error(db_copy, capsys):
 
     db = db_copy
     npmdb.train(db, steps=2, batch_blocks=4, progress=False)
-    st, mp = db.path / STATE_DIR / "state.safetensors", db.path / STATE_DIR / "state.msgpack"
+    st, mp = db.path / STATE_DIR / "state-2.safetensors", db.path / STATE_DIR / "state.msgpack"
     good_st, good_mp = st.read_bytes(), mp.read_bytes()
     meta = msgpack.unpackb(good_mp, raw=False)
     flipped = bytearray(good_st)
@@ -510,6 +511,7 @@ def test_damaged_training_state_is_an_operational_error(db_copy, capsys):
         (mp, good_mp[:20]), (mp, b"\xc1garbage"), (mp, msgpack.packb([1, 2])),
         (mp, msgpack.packb({**meta, "hyper": None})),
         (mp, msgpack.packb({**meta, "step": "two"})),
+        (mp, msgpack.packb({**meta, "optimizer": 2})),
         (mp, msgpack.packb({k: v for k, v in meta.items() if k != "sampler"})),
     ]
     versions = db.versions()
@@ -538,6 +540,55 @@ def test_damaged_training_state_is_an_operational_error(db_copy, capsys):
     with npmdb.open(path, progress=False) as db:
         npmdb.train(db, steps=1, batch_blocks=4, progress=False)  # not resumed: replaces it
         assert load_train_state(db)[0]["step"] == 1
+
+
+def test_a_kill_while_the_state_is_saved_leaves_the_previous_state(db_copy):
+    """The optimizer file and the metadata were replaced one after the other under one name
+    each: a kill between them left a newer optimizer beside older metadata, and resume was
+    refused for good ("torn"). Each step's optimizer file has its own name now and the
+    metadata's replacement commits it: the previous state resumes."""
+    import subprocess
+    import sys
+
+    path = db_copy.path
+    npmdb.train(db_copy, steps=2, batch_blocks=4, progress=False)
+    db_copy.close()
+    child = f"""
+import os, npmdb
+from npmdb.train import state as S
+real = S._fsync_write
+def killed_before_the_metadata(path, data):
+    if path.name == "state.msgpack":
+        os._exit(9)  # the process dies between the optimizer file and the metadata
+    real(path, data)
+S._fsync_write = killed_before_the_metadata
+with npmdb.open({str(path)!r}, progress=False) as db:
+    npmdb.train(db, steps=4, resume=True, progress=False)
+"""
+    assert subprocess.run([sys.executable, "-c", child], timeout=600).returncode == 9
+    d = path / STATE_DIR
+    assert {p.name for p in d.glob("*.safetensors")} == {"state-2.safetensors",
+                                                         "state-4.safetensors"}
+    with npmdb.open(path, progress=False) as db:
+        assert load_train_state(db)[0]["step"] == 2
+        report = npmdb.train(db, steps=4, resume=True, progress=False)
+        assert "trained 2 steps" in str(report)
+        assert load_train_state(db)[0]["step"] == 4
+    assert [p.name for p in d.glob("*.safetensors")] == ["state-4.safetensors"]
+
+
+def test_a_state_saved_before_optimizer_files_had_step_names_resumes(db_copy):
+    """Metadata without ``optimizer`` names the one file ``state.safetensors``."""
+    db = db_copy
+    npmdb.train(db, steps=2, batch_blocks=4, progress=False)
+    d = db.path / STATE_DIR
+    (d / "state-2.safetensors").rename(d / "state.safetensors")
+    meta = msgpack.unpackb((d / "state.msgpack").read_bytes(), raw=False)
+    del meta["optimizer"]
+    (d / "state.msgpack").write_bytes(msgpack.packb(meta))
+    assert load_train_state(db)[0]["step"] == 2
+    npmdb.train(db, steps=3, resume=True, batch_blocks=4, progress=False)
+    assert [p.name for p in d.glob("*.safetensors")] == ["state-3.safetensors"]
 
 
 def test_state_dir_that_cannot_be_written(db_copy):

@@ -315,8 +315,16 @@ def run_meta(cfg: TrainConfig, *, step: int, sampler: dict, start_generation: in
 
 
 def _state_paths(db: "Database") -> tuple[Path, Path]:
+    """The legacy optimizer file (one name for every step) and the metadata file."""
     d = db.path / STATE_DIR
     return d / "state.safetensors", d / "state.msgpack"
+
+
+def optimizer_path(db: "Database", meta: dict) -> Path:
+    """The optimizer file the metadata ``meta`` names (``state-<step>.safetensors``; states
+    written before each step had its own file name ``state.safetensors``)."""
+    name = meta.get("optimizer", "state.safetensors")
+    return db.path / STATE_DIR / Path(str(name)).name
 
 
 def _fsync_write(path: Path, data: bytes) -> None:
@@ -329,24 +337,34 @@ def _fsync_write(path: Path, data: bytes) -> None:
 
 
 def save_checkpoint(db: "Database", meta: dict, tensors: dict[str, "torch.Tensor"]) -> None:
-    """Write the optimizer tensors (safetensors) then the metadata (msgpack), atomically each.
-
-    The safetensors header carries the step, so a crash between the two writes is
-    detected on load rather than mixing two checkpoints.
+    """Write the optimizer tensors (safetensors, a file of this step's own name), then the
+    metadata (msgpack) that names it, atomically each; then remove the other optimizer
+    files. The metadata's replacement is the commit: a crash before it leaves the previous
+    state whole (it overwrote the one optimizer file, and the previous step's metadata
+    then named a newer optimizer: the state was torn, and resume refused for good).
     """
     import msgpack
     from safetensors.torch import save
 
-    st_path, mp_path = _state_paths(db)
-    st_path.parent.mkdir(exist_ok=True)
+    legacy, mp_path = _state_paths(db)
+    d = mp_path.parent
+    d.mkdir(exist_ok=True)
     header = {"format": str(STATE_FORMAT), "step": str(meta["step"]),
               "generation": str(meta["generation"])}
     data = save({k: v.contiguous() for k, v in tensors.items()}, metadata=header)
-    _fsync_write(st_path, data)
-    meta = dict(meta, optimizer_sha256=hashlib.sha256(data).hexdigest())
+    name = f"state-{int(meta['step'])}.safetensors"
+    _fsync_write(d / name, data)
+    meta = dict(meta, optimizer=name, optimizer_sha256=hashlib.sha256(data).hexdigest())
     del data
     _fsync_write(mp_path, msgpack.packb(meta, use_bin_type=True))
-    fd = os.open(st_path.parent, os.O_RDONLY)
+    _fsync_dir(d)
+    for old in [legacy, *d.glob("state-*.safetensors*")]:
+        if old.name != name and old.exists():
+            old.unlink()
+
+
+def _fsync_dir(d: Path) -> None:
+    fd = os.open(d, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -365,7 +383,7 @@ def load_checkpoint(db: "Database", *, tensors: bool = True) -> Checkpoint | Non
     """
     import msgpack
 
-    st_path, mp_path = _state_paths(db)
+    _, mp_path = _state_paths(db)
     if not mp_path.exists():
         return None
     raw = _read(mp_path)
@@ -378,6 +396,7 @@ def load_checkpoint(db: "Database", *, tensors: bool = True) -> Checkpoint | Non
         return Checkpoint(meta, {})
     from safetensors import safe_open
 
+    st_path = optimizer_path(db, meta)
     if not st_path.exists():
         raise OperationalError(f"{st_path} is missing: the training state is incomplete")
     try:
@@ -455,6 +474,9 @@ def _check_meta(meta: Any, path: Path) -> None:
             raise _damaged(path, f"has no valid {key} ({meta.get(key)!r})")
     if "steps_total" in meta and not is_int(meta["steps_total"]):
         raise _damaged(path, f"has no valid steps_total ({meta['steps_total']!r})")
+    if "optimizer" in meta and not (isinstance(meta["optimizer"], str) and
+                                    meta["optimizer"].startswith("state-")):
+        raise _damaged(path, f"names no valid optimizer file ({meta['optimizer']!r})")
     if not isinstance(meta.get("objective"), str):
         raise _damaged(path, f"has no valid objective ({meta.get('objective')!r})")
     hyper, sampler = meta.get("hyper"), meta.get("sampler")
