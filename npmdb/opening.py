@@ -79,9 +79,12 @@ def claim_new(path: Path, *, readonly: bool, create: bool, timeout: float
 
 def check_empty(path: Path) -> None:
     """A new database's directory holds nothing but its lock file (checked holding the
-    creation lock: a database another process is making is not 'a non-empty directory')."""
+    creation lock: a database another process is making is not 'a non-empty directory'),
+    and LMDB's ``lock.mdb`` where a creation killed before LMDB made ``data.mdb`` left it
+    (a reader table, no data: it was refused for good, and every retry failed)."""
     try:
-        other = next((p.name for p in path.iterdir() if p.name != "write.lock"), None)
+        other = next((p.name for p in path.iterdir()
+                      if p.name not in ("write.lock", "lock.mdb")), None)
     except OSError as exc:
         raise OperationalError(f"cannot read the database directory {path}: "
                                f"{exc.strerror or exc}") from None

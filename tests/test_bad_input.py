@@ -626,3 +626,28 @@ def test_a_file_is_not_a_database(tmp_path):
         with pytest.raises(npmdb.OperationalError, match="is a file, not an npmdb database"):
             npmdb.open(f, create=create, progress=False)
     assert f.read_text() == "hello"
+
+
+def test_a_creation_killed_before_lmdb_made_its_data_file_can_be_retried(tmp_path,
+                                                                         tiny_encoder):
+    """A kill between LMDB's reserved ``lock.mdb`` and its ``data.mdb`` left a directory
+    that every later open refused as "not an npmdb database (it holds 'lock.mdb')"."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "db"
+    child = f"""
+import os, npmdb
+from npmdb.storage import env as E
+real = E._reserve_lock_file
+def killed(p):
+    real(p)
+    os._exit(9)
+E._reserve_lock_file = killed
+npmdb.open({str(path)!r}, encoder={str(tiny_encoder)!r}, progress=False)
+"""
+    assert subprocess.run([sys.executable, "-c", child], timeout=300).returncode == 9
+    assert "lock.mdb" in os.listdir(path) and "data.mdb" not in os.listdir(path)
+    with npmdb.open(path, encoder=tiny_encoder, progress=False) as db:
+        db.add(["Salem is the capital of Oregon."])
+        assert db.count() == 1
