@@ -24,7 +24,7 @@ from . import ingest
 from .arguments import check_device, check_location, check_ref, check_text
 from .corpus import read_documents
 from .encoders import Encoders
-from .errors import InterfaceError, OperationalError, ProgrammingError
+from .errors import InterfaceError, NotSupportedError, OperationalError, ProgrammingError
 from .opening import FORMAT, check_config, claim_new, creation_lock, remove_unfinished
 from .progress import bar_factory
 from .result import Result
@@ -188,6 +188,10 @@ class Database(Versioning):
         if codec != C.AUTO:
             check_codec(codec, info.hidden_size)
         limit = enc_mod.block_limit(info.path)  # the encoder's positions less [CLS], [SEP]
+        if limit < 8:
+            raise NotSupportedError(
+                f"the encoder {info.name!r} takes {limit + 2} positions; npmdb needs at least "
+                "10 (a block of 8 tokens and its [CLS] and [SEP])")
         if block_len is None:
             block_len = min(DEFAULT_BLOCK_LEN, limit)
         if isinstance(block_len, bool) or not isinstance(block_len, int) or not 8 <= block_len:
@@ -200,6 +204,10 @@ class Database(Versioning):
                 f"block_len={limit} or less")
         if dense in (IVF, AUTO):
             check_ivf_params(self.dense_params.ivf, info.hidden_size)
+        # loaded now, not at the first add: a directory it cannot be (no mask token,
+        # weights that do not fit) made a database bound to it for good
+        self._encoders.put(0, enc_mod.Encoder(info.path, device=self._encoders.device,
+                                              info=info))
         config = {"format": FORMAT, "created": time.time(), "block_len": block_len,
                   "codec": codec, "dense": dense, "dim": info.hidden_size}
 

@@ -17,7 +17,7 @@ import threading
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 
@@ -227,8 +227,10 @@ def _resolve_path(path: str | os.PathLike | None) -> Path:
 
 #: Model types whose position ids start after the padding id (RoBERTa's scheme), so
 #: ``pad_token_id + 1`` of their ``max_position_embeddings`` are never a token's.
-OFFSET_POSITIONS = frozenset({"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert",
-                              "mpnet", "longformer", "data2vec-text", "luke"})
+OFFSET_POSITIONS = frozenset({"roberta", "roberta-prelayernorm", "xlm-roberta",
+                              "xlm-roberta-xl", "camembert", "mpnet", "longformer",
+                              "data2vec-text", "luke", "ibert", "xmod", "esm", "markuplm",
+                              "lilt", "layoutlmv3"})
 #: The config names of a model's width, in the order transformers' configs use them.
 WIDTH_KEYS = ("hidden_size", "dim", "d_model", "emb_dim", "n_embd")
 
@@ -267,6 +269,31 @@ def describe(path: str | os.PathLike | None, fingerprint: str | None = None) -> 
 
 
 _LOAD_LOCK = threading.RLock()
+
+
+def check_loaded(path: Path, model: Any, loading: dict, vocabulary: int) -> None:
+    """Refuse a model that transformers loaded with weights the directory does not hold
+    (their names do not match the model's: each process would draw other random ones, with
+    the warning silenced) or whose embedding table is smaller than the tokenizer's
+    vocabulary (a tokenizer of another model: a token past the table is an IndexError).
+    A pooler may be missing (an MLM checkpoint such as NPM's has none; npmdb does not use
+    it)."""
+    missing = [k for k in loading.get("missing_keys", ()) if "pooler" not in k.split(".")]
+    if missing:
+        unexpected = list(loading.get("unexpected_keys", ()))
+        hint = (f"; the file's names look like {unexpected[0]!r} (a prefix another model or "
+                "a training wrapper added?)" if unexpected else "")
+        raise OperationalError(
+            f"the weights in {path} do not fit its config.json's "
+            f"{type(model).__name__}: {len(missing)} of its tensors are missing (e.g. "
+            f"{missing[0]!r}) and would be random{hint}. Save the model with "
+            "save_pretrained, or pass the directory it was trained in")
+    table = model.get_input_embeddings().num_embeddings
+    if vocabulary > table:
+        raise OperationalError(
+            f"the tokenizer in {path} has {vocabulary} token ids but the model's embedding "
+            f"table has {table} rows: the tokenizer is another model's; copy the tokenizer "
+            "files of the model these weights were trained with")
 
 
 class Encoder:
@@ -316,9 +343,11 @@ class Encoder:
         self.pad_id = int(tok.pad_token_id if tok.pad_token_id is not None else 0)
         self.special_ids = frozenset(int(i) for i in tok.all_special_ids)
         try:
-            self.model = AutoModel.from_pretrained(str(p), local_files_only=True)
+            self.model, loading = AutoModel.from_pretrained(str(p), local_files_only=True,
+                                                            output_loading_info=True)
         except Exception as exc:  # noqa: BLE001
             raise OperationalError(f"cannot load the model from {p}: {exc}") from exc
+        check_loaded(p, self.model, loading, len(tok))
         if state_dict is not None:
             self.model.load_state_dict(state_dict)
         self.model.eval()

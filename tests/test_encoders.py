@@ -387,3 +387,119 @@ def test_a_changed_sentencepiece_model_by_another_name_is_refused(tmp_path, tiny
         assert db.count() == 1
     with pytest.raises(npmdb.ProgrammingError, match="another tokenizer"):
         npmdb.open(tmp_path / "db", encoder=enc)
+
+
+def _variant(tiny_encoder: Path, path: Path) -> Path:
+    shutil.copytree(tiny_encoder, path)
+    return path
+
+
+def test_weights_that_do_not_fit_the_model_are_refused_and_nothing_is_created(tmp_path,
+                                                                             tiny_encoder):
+    """Weights named for another model (a wrapper's prefix) loaded as random ones, other
+    in each process; a tokenizer with more ids than the embedding table failed the first
+    add with torch's IndexError. Both are refused when the database would be made, and no
+    database is left behind."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    prefixed = _variant(tiny_encoder, tmp_path / "prefixed")
+    weights = load_file(prefixed / "model.safetensors")
+    save_file({f"wrapper.{k}": v for k, v in weights.items()}, prefixed / "model.safetensors",
+              metadata={"format": "pt"})
+    with pytest.raises(npmdb.OperationalError, match=r"do not fit its config\.json's "
+                                                     r"BertModel: .* would be random.*"
+                                                     r"'wrapper\."):
+        npmdb.open(tmp_path / "db", encoder=prefixed, progress=False)
+    assert not (tmp_path / "db").exists()
+
+    small = _variant(tiny_encoder, tmp_path / "small-table")
+    cfg = json.loads((small / "config.json").read_text())
+    weights = load_file(small / "model.safetensors")
+    key = "embeddings.word_embeddings.weight"
+    weights[key] = weights[key][:1000].clone()
+    save_file(weights, small / "model.safetensors", metadata={"format": "pt"})
+    (small / "config.json").write_text(json.dumps({**cfg, "vocab_size": 1000}))
+    with pytest.raises(npmdb.OperationalError, match="30522 token ids but the model's "
+                                                     "embedding table has 1000 rows"):
+        npmdb.open(tmp_path / "db", encoder=small, progress=False)
+    assert not (tmp_path / "db").exists()
+
+    # an MLM checkpoint (NPM's own) has no pooler: that is no missing weight
+    from transformers import BertConfig, BertForMaskedLM
+
+    mlm = tmp_path / "mlm"
+    BertForMaskedLM(BertConfig(**{k: cfg[k] for k in (
+        "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+        "intermediate_size")})).save_pretrained(mlm)
+    for f in ("vocab.txt", "tokenizer.json", "tokenizer_config.json"):
+        if (tiny_encoder / f).exists():
+            shutil.copy(tiny_encoder / f, mlm / f)
+    with npmdb.open(tmp_path / "db", encoder=mlm, progress=False) as db:
+        db.add(["Salem is the capital of Oregon."])
+
+
+def test_an_encoder_without_a_mask_token_makes_no_database(tmp_path, tiny_encoder):
+    """The tokenizer was first loaded at the first add: the database was made, bound to the
+    directory's fingerprints, and refused for good once the directory was fixed."""
+    import json
+
+    enc = _variant(tiny_encoder, tmp_path / "enc")
+    good = {f: (enc / f).read_bytes() for f in ("tokenizer_config.json", "tokenizer.json",
+                                                "special_tokens_map.json") if (enc / f).exists()}
+    cfg = json.loads(good["tokenizer_config.json"])
+    (enc / "tokenizer_config.json").write_text(json.dumps({**cfg, "mask_token": None}))
+    (enc / "special_tokens_map.json").unlink(missing_ok=True)
+    with pytest.raises(npmdb.NotSupportedError, match="has no mask token"):
+        npmdb.open(tmp_path / "db", encoder=enc, progress=False)
+    assert not (tmp_path / "db").exists()
+    for f, data in good.items():
+        (enc / f).write_bytes(data)
+    with npmdb.open(tmp_path / "db", encoder=enc, progress=False) as db:
+        db.add(["Salem is the capital of Oregon."])
+        assert db.fill_mask("Salem is the capital of [MASK].").answers
+
+
+def test_an_encoder_with_too_few_positions_says_so(tmp_path):
+    enc = make_tiny_encoder(tmp_path / "enc", positions=8)
+    with pytest.raises(npmdb.NotSupportedError, match="takes 8 positions; npmdb needs at "
+                                                      "least 10"):
+        npmdb.open(tmp_path / "db", encoder=enc, progress=False)
+
+
+def test_models_whose_positions_start_after_padding():
+    from npmdb.encoder import usable_positions
+
+    for kind in ("roberta", "roberta-prelayernorm", "xlm-roberta", "ibert", "esm"):
+        assert usable_positions({"model_type": kind, "max_position_embeddings": 66,
+                                 "pad_token_id": 1}) == 64
+    assert usable_positions({"model_type": "bert", "max_position_embeddings": 66}) == 66
+
+
+def test_invisible_characters_between_emoji_are_never_answers(tmp_path, encoders):
+    """A byte-level tokenizer splits "❤️" and "👨‍👩‍👧" into symbols and the variation selector
+    or zero-width joiners between them; each emoji is punctuation-like, so those invisible
+    characters were words of their own, and answers ('\\ufe0f' ranked first for
+    "I [MASK] Paris."), or the start of one ('\\u200d👧 family')."""
+    import unicodedata
+
+    from npmdb.boundaries import VALID_END, VALID_START, token_flags
+    from npmdb.encoder import Encoder
+
+    def is_invisible(edge: str) -> bool:
+        return bool(edge) and unicodedata.category(edge) in ("Cf", "Mn", "Me")
+
+    text = "I ❤️ Paris. The 👨‍👩‍👧 family loves Paris and the party 🎉 was great."
+    tt = Encoder(encoders["roberta"]).tokenize(text)
+    flags = token_flags(text, np.asarray(tt.offsets))
+    edges = [(s, t) for (s, t), f in zip(tt.offsets, flags) if f & (VALID_START | VALID_END)]
+    assert edges and not any(is_invisible(text[s:t][:1]) or is_invisible(text[s:t][-1:])
+                             for s, t in edges if t > s)
+    with npmdb.open(tmp_path / "db", encoder=encoders["roberta"], progress=False) as db:
+        db.add([text] * 3)
+        for q in ("I [MASK] Paris.", "The [MASK] family loves Paris."):
+            for retrieval in ("bm25", "dense"):
+                for a in db.fill_mask(q, retrieval=retrieval, top=20).answers:
+                    assert not is_invisible(a.text[:1]) and not is_invisible(a.text[-1:]), \
+                        (q, retrieval, a.text)
