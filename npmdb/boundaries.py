@@ -67,6 +67,17 @@ def is_break(text: str, start: int, end: int) -> bool:
     return False
 
 
+#: Categories of characters that are not seen alone: format controls (a zero-width
+#: joiner), combining and enclosing marks (an emoji's variation selector). Between two
+#: emoji (symbols, so word boundaries) they made words of their own, and answers.
+INVISIBLE = frozenset({"Cf", "Mn", "Me"})
+
+
+def is_invisible(word: str) -> bool:
+    """True if ``word`` is made only of characters that are not seen alone (INVISIBLE)."""
+    return all(unicodedata.category(ch) in INVISIBLE for ch in word)
+
+
 def _is_cjk(ch: str) -> bool:
     cp = ord(ch)
     return (0x4E00 <= cp <= 0x9FFF or 0x3400 <= cp <= 0x4DBF or 0x20000 <= cp <= 0x2A6DF
@@ -113,7 +124,7 @@ def token_flags(text: str, offsets: np.ndarray) -> np.ndarray:
             low not in CONTRACTION_PARTS
             or (starts[ws] > 0 and text[starts[ws] - 1] in APOSTROPHES))
         is_p = is_punct(word)
-        clean = not (is_stop or is_p)
+        clean = not (is_stop or is_p or is_invisible(word))
         flags[ws] |= WORD_START | (VALID_START if clean else 0)
         flags[we] |= WORD_END | (VALID_END if clean else 0)
         if is_stop:
