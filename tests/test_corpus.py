@@ -480,6 +480,12 @@ def test_plain_text_file(tmp_path):
     g = tmp_path / "zipped.txt.gz"
     g.write_bytes(gzip.compress("gz text".encode()))
     assert docs(g) == [Document("zipped.txt.gz", "zipped", "gz text", {})]
+    # a version's digits are no extension ("Apache-2.0" was titled "Apache-2")
+    for name, title in (("Apache-2.0", "Apache-2.0"), ("notes.v1.2", "notes.v1.2"),
+                        ("CC0-1.0.txt", "CC0-1.0"), (".profile", ".profile"),
+                        ("LICENSE", "LICENSE"), ("notes.v1", "notes.v1")):
+        (tmp_path / name).write_text("x", encoding="utf-8")
+        assert docs(tmp_path / name)[0].title == title, name
 
 
 def test_plain_text_invalid_utf8(tmp_path):

@@ -351,9 +351,17 @@ def _read_parquet(path: Path, fields: _Fields) -> Iterator[Document]:
             row += 1
 
 
+def text_title(name: str) -> str:
+    """A text file's title: its name less an extension of letters ("notes.txt", "a.md"),
+    never a version's digits ("Apache-2.0", "notes.v1.2" were "Apache-2", "notes.v1")."""
+    stem, dot, ext = name.rpartition(".")
+    return stem if dot and stem and ext.isascii() and ext.isalpha() and len(ext) <= 5 \
+        else name
+
+
 def _read_text(path: Path, compressed: bool, rel: str) -> Iterator[Document]:
     text = _decode_file_bytes(_read_all(path, compressed), path)
     name = path.name[:-3] if compressed else path.name
-    title = Path(name).stem
+    title = text_title(name)
     _check_encodable(rel, str(path), "the file name")
     yield Document(rel, title, text, {})
