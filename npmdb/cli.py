@@ -12,6 +12,8 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Sequence
 
+from .cli_versions import register as register_version_commands
+from .cli_versions import timeout_flag
 from .errors import Error, ProgrammingError
 from .opening import remove_if_never_written
 from .output import print_result, print_table, shorten
@@ -76,11 +78,6 @@ def _added(db, vid: int) -> int:
     versions = {v["id"]: v for v in db.versions()}
     parent = versions.get(versions[vid]["parent"])
     return versions[vid]["docs"] - (parent["docs"] if parent else 0)
-
-
-def _timeout_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--timeout", type=float, default=0.0,
-                        help="seconds to wait for another writer (default 0: fail at once)")
 
 
 def _as_flags(message: str, names: Sequence[str]) -> str:
@@ -171,48 +168,6 @@ def cmd_search(args) -> int:
     with npmdb.open(args.db, create=False, readonly=True, progress=False) as db:
         for hit in db.search(args.text, limit=args.limit):
             print(f"{hit['score']:8.3f}  {hit['doc_id']}  {shorten(hit['snippet'], 90)}")
-    return 0
-
-
-def cmd_versions(args) -> int:
-    import npmdb
-
-    with npmdb.open(args.db, create=False, readonly=True, progress=False) as db:
-        rows = [(v["id"], time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(v["time"])),
-                 v["parent"], ",".join(v["tags"]), v["docs"], v["tokens"], v["generation"],
-                 "*" if v["head"] else "") for v in db.versions()]
-        print_table(("id", "time", "parent", "tags", "docs", "tokens", "gen", "head"), rows,
-                     sys.stdout)
-    return 0
-
-
-def cmd_tag(args) -> int:
-    import npmdb
-
-    if args.delete and (args.version is not None or args.move):
-        raise npmdb.ProgrammingError("--delete takes only the tag name (no --version, "
-                                     "no --move)")
-    with npmdb.open(args.db, create=False, progress=False, timeout=args.timeout) as db:
-        if args.delete:
-            vid = db.untag(args.name)
-            print(f"removed tag {args.name!r} (it named version {vid})")
-        else:
-            vid = db.tag(args.name, args.version, move=args.move)
-            print(f"tagged version {vid} as {args.name!r}")
-    return 0
-
-
-def cmd_restore(args) -> int:
-    import npmdb
-
-    from .storage.versions import parse_ref
-
-    with npmdb.open(args.db, create=False, progress=False, timeout=args.timeout) as db:
-        old = db.checkout(parse_ref(args.version)).version  # an id, a tag or HEAD: its id
-        vid = db.restore(old, message=args.message)
-        named = "" if str(old) == args.version else f" ({args.version})"
-        print(f"restored: version {vid} equals version {old}{named} (nothing copied; "
-              f"every older version stays readable)")
     return 0
 
 
@@ -396,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("files", nargs="+")
     a.add_argument("--encoder", default=None, help="local Hugging Face model directory")
     a.add_argument("--message", default="")
-    _timeout_flag(a)
+    timeout_flag(a)
     a.add_argument("--ray", action="store_true",
                    help="encode on a Ray cluster (pip install 'npmdb[ray]'; RAY_ADDRESS picks "
                         "the cluster, else a local one is started)")
@@ -459,28 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--limit", type=int, default=10)
     se.set_defaults(fn=cmd_search)
 
-    v = sub.add_parser("versions", help="list versions")
-    v.add_argument("db")
-    v.set_defaults(fn=cmd_versions)
-
-    t = sub.add_parser("tag", help="name a version (or remove a name: --delete)")
-    t.add_argument("db")
-    t.add_argument("name")
-    t.add_argument("--version", default=None)
-    t.add_argument("--move", action="store_true",
-                   help="point an existing tag at this version (by default it is refused)")
-    t.add_argument("--delete", action="store_true",
-                   help="remove the tag (its version stays until a vacuum finds nothing "
-                        "else keeping it)")
-    _timeout_flag(t)
-    t.set_defaults(fn=cmd_tag)
-
-    rs = sub.add_parser("restore", help="commit a new version equal to an older one")
-    rs.add_argument("db")
-    rs.add_argument("version", help="version id or tag")
-    rs.add_argument("--message", default="")
-    _timeout_flag(rs)
-    rs.set_defaults(fn=cmd_restore)
+    register_version_commands(sub)
 
     tr = sub.add_parser("train", help="train the encoder with NPM's objective; refresh embeddings")
     tr.add_argument("db")

@@ -485,7 +485,8 @@ class Writer:
                 seen[doc_id] = i
                 if taken(doc_id):
                     raise IntegrityError(f"a document with id {doc_id!r} already exists; use "
-                                         "db.update(...) to replace it. Nothing was written")
+                                         "db.update(...) (`npmdb update` on the command "
+                                         "line) to replace it. Nothing was written")
                 out.append(doc_id)
         return out
 

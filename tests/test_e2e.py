@@ -225,3 +225,38 @@ def test_cli_output_into_a_closed_pipe_stops_quietly(tmp_path, tiny_encoder, mon
     monkeypatch.setattr(sys, "stdout", Closed())
     assert main(["sql", str(tmp_path / "db"), "SELECT id, text FROM DOCUMENTS"]) == 141
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_cli_update_delete_optimize_and_vacuum(tmp_path, tiny_encoder, capsys):
+    """What a command-line user needs after `npmdb add`: replace and remove documents,
+    merge segments, reclaim space (only Python could, and `npmdb add` of an existing id
+    told the user to call db.update)."""
+    from npmdb.cli import main
+
+    db = str(tmp_path / "db")
+    with npmdb.open(db, encoder=tiny_encoder, progress=False) as d:
+        d.add([{"id": "a", "text": "Salem is the capital of Oregon."},
+               {"id": "b", "text": "Boise is the capital of Idaho."}], message="first load")
+    docs = tmp_path / "new.jsonl"
+    docs.write_text('{"id": "a", "text": "Salem is a city in Oregon."}\n'
+                    '{"id": "c", "text": "Helena is the capital of Montana."}\n')
+    assert main(["add", db, str(docs), "-q"]) == 2
+    assert "`npmdb update` on the command line" in capsys.readouterr().err
+    assert main(["update", db, str(docs), "-q", "--message", "fix a"]) == 0
+    assert "updated: version 2 (+1 documents" in capsys.readouterr().out
+    assert main(["delete", db, "b", "zz"]) == 2
+    assert "zz" in capsys.readouterr().err
+    assert main(["delete", db, "b", "zz", "--missing-ok"]) == 0
+    assert "deleted 1 documents; version 3" in capsys.readouterr().out
+    assert main(["optimize", db, "-q"]) == 0
+    assert "optimized: version 4 (2 segments merged into 1" in capsys.readouterr().out
+    assert main(["vacuum", db]) == 0
+    assert "vacuum removed 3 versions" in capsys.readouterr().out
+    assert main(["versions", db]) == 0
+    out = capsys.readouterr().out
+    assert "message" in out.splitlines()[0] and "optimize" not in out.splitlines()[0]
+    with npmdb.open(db, readonly=True, progress=False) as d:
+        assert sorted(x["id"] for x in d.documents()) == ["a", "c"]
+        assert d.get("a")["text"] == "Salem is a city in Oregon."
+        assert [v["id"] for v in d.versions()] == [4] and d.stats()["segments"] == 1
+        assert d.check().clean
