@@ -66,30 +66,34 @@ def cmd_restore(args) -> int:
     return 0
 
 
+def _change(args, verb: str, change, said) -> int:
+    """Run ``change(db)`` (a new version, or none when nothing changed) and print what it
+    did: ``said(version, documents gained)``."""
+    with _open(args) as db:
+        head, before = db.version, db.count()
+        vid = change(db)
+        if vid == head:
+            print(f"nothing to {verb}; version {vid} is unchanged")
+        else:
+            print(said(vid, db.count() - before))
+    return 0
+
+
 def cmd_update(args) -> int:
     if any(not f.strip() for f in args.files):  # Path("") would read the working directory
         raise DataError("an empty path names no file: give a file or directory")
-    with _open(args) as db:
-        head, before = db.version, db.count()
-        vid = db.update([Path(f) for f in args.files], message=args.message)
-        if vid == head:
-            print(f"nothing to update; version {vid} is unchanged")
-        else:
-            print(f"updated: version {vid} ({db.count() - before:+d} documents; each id "
-                  "that was there is replaced)")
-    return 0
+    return _change(args, "update", lambda db: db.update([Path(f) for f in args.files],
+                                                        message=args.message),
+                   lambda vid, n: f"updated: version {vid} ({n:+d} documents; each id that "
+                                  "was there is replaced)")
 
 
 def cmd_delete(args) -> int:
-    with _open(args) as db:
-        head, before = db.version, db.count()
-        vid = db.delete(args.ids, message=args.message, missing_ok=args.missing_ok)
-        if vid == head:
-            print(f"nothing to delete; version {vid} is unchanged")
-        else:
-            print(f"deleted {before - db.count()} documents; version {vid} (older versions "
-                  "keep them until a vacuum; `npmdb optimize` reclaims their space)")
-    return 0
+    return _change(args, "delete", lambda db: db.delete(args.ids, message=args.message,
+                                                        missing_ok=args.missing_ok),
+                   lambda vid, n: f"deleted {-n} documents; version {vid} (older versions "
+                                  "keep them until a vacuum; `npmdb optimize` reclaims "
+                                  "their space)")
 
 
 def cmd_optimize(args) -> int:
