@@ -27,7 +27,7 @@ import unicodedata
 from pathlib import Path
 from typing import Any, Iterable, TextIO
 
-from .errors import Error, ProgrammingError
+from .errors import Error, ProgrammingError, _Positioned
 from .query.result import json_text
 from .storage import versions as V
 
@@ -244,6 +244,13 @@ def _past_quoted(text: str, i: int) -> int:
 
 def with_version(statement: str, ref: int | str) -> str:
     """``statement`` with ``AS OF ref`` after its FROM source when it names no version."""
+    at = version_insert(statement, ref)
+    return statement if at is None else statement[:at[0]] + at[1] + statement[at[0]:]
+
+
+def version_insert(statement: str, ref: int | str) -> tuple[int, str] | None:
+    """Where :func:`with_version` writes ``AS OF ref`` into ``statement``, and what; None
+    where it names a version or has no FROM source."""
     text, i, n, depth = statement, 0, len(statement), 0
     while i < n:
         i = _skip(text, i)
@@ -290,12 +297,28 @@ def with_version(statement: str, ref: int | str) -> str:
             if w1 and w1.group().upper() == "AS":
                 w2 = _WORD.match(text, _skip(text, w1.end()))
                 if w2 and w2.group().upper() == "OF":
-                    return statement
+                    return None
             lit = str(ref) if isinstance(ref, int) else "'" + str(ref).replace("'", "''") + "'"
-            return text[:end] + f" AS OF {lit}" + text[end:]
+            return end, f" AS OF {lit}"
         else:
             i += 1
-    return statement
+    return None
+
+
+def as_typed(exc: Error, statement: str, at: tuple[int, str] | None) -> Error:
+    """A positioned error about ``statement`` with ``.checkout``'s ``AS OF`` written in
+    (``at``) as an error about the statement as the user typed it (the caret line showed
+    text they never typed)."""
+    if at is None or not isinstance(exc, _Positioned):
+        return exc
+    from .query.lexer import line_col, offset_of
+
+    written = statement[:at[0]] + at[1] + statement[at[0]:]
+    off = offset_of(written, exc.line, exc.column)
+    off = off if off < at[0] else max(at[0], off - len(at[1]))
+    line, column = line_col(statement, off)
+    return type(exc)(exc.short_message, text=statement, line=line, column=column,
+                     expected=exc.expected)
 
 
 class Shell:
@@ -344,11 +367,11 @@ class Shell:
         if text.startswith("."):
             return self.command(text)
         t0 = time.perf_counter()
+        at = version_insert(text, self.ref) if self.ref is not None else None
         try:
-            sql = with_version(text, self.ref) if self.ref is not None else text
-            res = self.db.sql(sql)
+            res = self.db.sql(text if at is None else text[:at[0]] + at[1] + text[at[0]:])
         except Error as exc:
-            self.error(exc)
+            self.error(as_typed(exc, text, at))
             return False
         ms = (time.perf_counter() - t0) * 1000
         if res.is_explain:

@@ -120,8 +120,12 @@ class _Binder:
 
     def call(self, c: A.Call, where: str) -> A.Expr:
         if c.name in _AGGREGATES:
-            self.fail(c, f"aggregate function {c.name}() is not supported: answers are already "
-                         "grouped (support counts their occurrences)")
+            why = ("answers are already grouped (support counts their occurrences)"
+                   if self.source in ("MASKED", "TOKENS", "CLASSIFY", "EVIDENCE") else
+                   "db.count() counts documents; db.stats() has documents, blocks and tokens"
+                   if self.source == "DOCUMENTS" else
+                   "SEARCH ranks blocks; LIMIT sets how many")
+            self.fail(c, f"aggregate function {c.name}() is not supported: {why}")
         if c.name not in FUNCTIONS:
             self.fail(c, f"unknown function {c.name}()" + _hint(c.name, FUNCTIONS),
                       tuple(f"{f}()" for f in FUNCTIONS))

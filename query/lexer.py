@@ -146,6 +146,13 @@ def line_col(text: str, offset: int) -> tuple[int, int]:
     return _Lines(text).line_col(max(0, min(offset, len(text))))
 
 
+def offset_of(text: str, line: int, column: int) -> int:
+    """The character offset of 1-based (``line``, ``column``) in ``text`` (line_col's
+    inverse)."""
+    starts = _Lines(text).starts
+    return max(0, min(starts[max(0, min(line, len(starts)) - 1)] + column - 1, len(text)))
+
+
 def error_at(text: str, offset: int, message: str, expected: tuple[str, ...] = (),
              cls: type = QueryParseError) -> Any:
     """A :class:`QueryParseError` (or ``cls``, e.g. ``QueryDataError``) pointing at

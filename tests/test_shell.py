@@ -141,6 +141,13 @@ def test_commands_in_process(versioned_db_path):
         assert "phrase\n" in text and "Run Time:" in text and "BM25Blocks" in text
         assert "tag,version\nfirst,1" in text and "querying version 1" in text
         assert "Error:" in err.getvalue()
+        # the caret line is the statement as typed (it showed the AS OF .checkout adds)
+        assert "  SELECT count(*) FROM DOCUMENTS;\n" + " " * 9 + "^" in err.getvalue()
+        assert "AS OF" not in err.getvalue()
+        sh.err = err = io.StringIO()
+        sh.run_script(io.StringIO("SELECT id FROM DOCUMENTS WHERE idd = 'x';\n"))
+        assert "(line 1, column 32)" in err.getvalue() and "  SELECT id FROM DOCUMENTS " \
+            "WHERE idd = 'x';\n" + " " * 33 + "^" in err.getvalue(), err.getvalue()
         assert sh.ref == 1
         sh.out = out = io.StringIO()
         sh.run_script(io.StringIO("SELECT id FROM DOCUMENTS LIMIT 1000;\n.checkout HEAD\n"

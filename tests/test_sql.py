@@ -648,6 +648,7 @@ def test_parameter_errors(db, text, params, match):
     ("SELECT phrase FROM MASKED('a [MASK]') WITH scoring = rwa", "did you mean raw", 54),
     ("SELECT phrase FROM MASKED('a [MASK]') ORDER BY doc.title", "cannot be ordered by a document column", 48),
     ("SELECT count(*) FROM MASKED('a [MASK]')", "aggregate function count", 8),
+    ("SELECT count(*) FROM DOCUMENTS", r"count\(\) is not supported: db.count\(\) counts", 8),
     ("SELECT phrase FROM SEARCH('x')", "unknown column 'phrase' in SEARCH", 8),
     ("SELECT id FROM DOCUMENTS WITH k = 3", "DOCUMENTS takes no WITH options", 31),
     ("SELECT phrase FROM TOKENS('a [MASK]') WITH mode = phrase", "TOKENS\\(...\\) is token mode", 44),
