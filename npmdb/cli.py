@@ -423,7 +423,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "refresh waits up to 10 minutes for one)")
     tr.add_argument("--preset", default=None, choices=("default", "demo"),
                     help="hyperparameters: 'demo' is the recipe tuned for the bundled sample "
-                         "on 2 CPU cores (400 steps, 32 blocks, lr 1e-4); 'default' is NPM's "
+                         "on 2 CPU cores (400 steps, 32 blocks, lr 1e-4; 7-15 minutes there, "
+                         "longer where blocks are full); 'default' is NPM's "
                          "(16 blocks, lr 3e-5; give --steps), also what no preset means; "
                          "flags below override. The shipped encoder's own recipe is "
                          "`make encoder` (python -m npmdb.train.recipe)")
@@ -442,7 +443,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--resume", action="store_true", help="continue the saved run")
     tr.add_argument("--max-seconds", type=float, default=None,
                     help="time budget: stop stepping after this many seconds and write the "
-                         "final version at the step reached (--resume continues it)")
+                         "final version at the step reached (--resume continues it); that "
+                         "version's re-embedding of every document comes on top")
     tr.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--keep-if-better", metavar="QUESTIONS", default=None,
