@@ -55,16 +55,60 @@ CLAUSE_MARKS = frozenset(",;:!?()[]{}\"“”«»—–…。、；：！？（�
 SPACED_MARKS = frozenset(".-/")
 
 
+# Single quotes: an apostrophe inside a word ("don't", "O'Brien") or a quote mark, which
+# opens after white space and closes before it ("named 'Xray' by", "the ‘Finn’ character").
+QUOTES = frozenset("'‘’‛‚`")
+
+
+def _spaced(text: str, at: int) -> bool:
+    """White space, or the text's edge, at character ``at``."""
+    return at < 0 or at >= len(text) or text[at].isspace()
+
+
+def is_initial(text: str, start: int, end: int) -> bool:
+    """True if the token ``text[start:end]`` is the full stop of a name's initial: one
+    capital letter before it, a word's first, and white space then a capital after it
+    ("Eric S. Raymond", "J. R. R. Tolkien")."""
+    return (text[start:end] == "." and start >= 1 and text[start - 1].isupper()
+            and (start < 2 or text[start - 2].isspace() or text[start - 2] == ".")
+            and end + 1 < len(text) and text[end].isspace() and text[end + 1].isupper())
+
+
 def is_break(text: str, start: int, end: int) -> bool:
-    """True if the token ``text[start:end]`` is clause or sentence punctuation."""
+    """True if the token ``text[start:end]`` is clause or sentence punctuation, or a
+    single quote that opens or closes a quotation."""
     tok = text[start:end]
     if not tok or not is_punct(tok):
         return False
     if any(ch in CLAUSE_MARKS for ch in tok):
         return True
+    if all(ch in QUOTES for ch in tok):
+        return _spaced(text, start - 1) or _spaced(text, end)
     if tok[-1] in SPACED_MARKS:
-        return end >= len(text) or text[end].isspace()
+        return _spaced(text, end) and not is_initial(text, start, end)
     return False
+
+
+# Marks that join two words into one when nothing separates them from either
+# ("Hewlett-Packard", "Free/Open/NetBSD", "O'Brien", "U.S", "3.5"): a phrase does not start
+# or end inside such a word ("Packard" alone was an answer).
+JOINERS = frozenset("-‐‑/.'’")
+
+
+def _joins(text: str, start: int, end: int) -> bool:
+    """True if the token ``text[start:end]`` is a joiner with a letter or digit touching
+    it on both sides; an apostrophe before a contraction's or a possessive's ending
+    ("Oregon's", "don't") joins nothing: "Oregon" ends there."""
+    tok = text[start:end]
+    if not (len(tok) == 1 and tok in JOINERS and start >= 1 and end < len(text)
+            and text[start - 1].isalnum() and text[end].isalnum()):
+        return False
+    if tok in APOSTROPHES:
+        tail = end
+        while tail < len(text) and text[tail].isalpha():
+            tail += 1
+        return text[end:tail].casefold() not in CONTRACTION_PARTS
+    return True
 
 
 #: Categories of characters that are not seen alone: format controls (a zero-width
@@ -125,8 +169,12 @@ def token_flags(text: str, offsets: np.ndarray) -> np.ndarray:
             or (starts[ws] > 0 and text[starts[ws] - 1] in APOSTROPHES))
         is_p = is_punct(word)
         clean = not (is_stop or is_p or is_invisible(word))
-        flags[ws] |= WORD_START | (VALID_START if clean else 0)
-        flags[we] |= WORD_END | (VALID_END if clean else 0)
+        # inside a joined word ("Hewlett-Packard"), or an initial ("Eric S")
+        inside_before = ws > 0 and _joins(text, starts[ws - 1], ends[ws - 1])
+        inside_after = we + 1 < n and (_joins(text, starts[we + 1], ends[we + 1]) or
+                                       is_initial(text, starts[we + 1], ends[we + 1]))
+        flags[ws] |= WORD_START | (VALID_START if clean and not inside_before else 0)
+        flags[we] |= WORD_END | (VALID_END if clean and not inside_after else 0)
         if is_stop:
             flags[ws:we + 1] |= STOPWORD
         ws = i

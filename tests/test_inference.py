@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from npmdb.boundaries import BREAK, is_break, token_flags
+from npmdb.boundaries import BREAK, VALID_END, VALID_START, is_break, token_flags
 from npmdb.query.scoring import assemble_spans
 
 CORPUS = [
@@ -22,8 +22,12 @@ CORPUS = [
 @pytest.mark.parametrize("text, marks", [
     ("Rome. Milan was next", ["."]),
     ("X): the capital of Y; Z", [")", ":", ";"]),
-    ("U.S. Army in Washington, D.C. is", [".", ",", "."]),   # only dots before a space
+    ("U.S. Army in Washington, D.C. is", [",", "."]),   # only dots before a space; an
+    # initial's before a capital ("S. Army", as "Eric S. Raymond") is none
     ("an e-mail of 3.5 cents - or a/b", ["-"]),              # the spaced dash only
+    ("named 'Xray' by, the ‘Finn’ one", ["'", "'", ",", "‘", "’"]),   # single quotes
+    ("don't O'Brien's rock'n'roll", []),                     # apostrophes inside words
+    ("by Eric S. Raymond and J. R. R. Tolkien. The end", ["."]),  # initials do not break
 ])
 def test_break_flags_mark_clause_punctuation(text, marks):
     offs, got = [], []
@@ -33,6 +37,34 @@ def test_break_flags_mark_clause_punctuation(text, marks):
     got = [text[s:e] for (s, e), f in zip(offs, flags) if f & BREAK]
     assert got == marks
     assert is_break("end.", 3, 4) and not is_break("a.b", 1, 2)
+
+
+def _edges(text: str) -> list[str]:
+    """Each word-like token of ``text`` with ``<`` where a phrase may start, ``>`` where
+    it may end."""
+    offs = [(m.start(), m.end()) for m in re.finditer(r"\w+|[^\w\s]", text)]
+    flags = token_flags(text, np.array(offs, dtype=np.int32))
+    return [f"{text[s:e]}{'<' if f & VALID_START else ''}{'>' if f & VALID_END else ''}"
+            for (s, e), f in zip(offs, flags)]
+
+
+def test_phrases_do_not_start_or_end_inside_a_joined_word():
+    """"Hewlett" and "Packard" alone were answers from "Hewlett-Packard", "pee" from
+    "kuhs'pee", "Free" from "Free/Open/NetBSD"; a possessive's word still ends ("Oregon")."""
+    assert _edges("bought by Hewlett-Packard in 2002") == [
+        "bought<>", "by", "Hewlett<", "-", "Packard>", "in", "2002<>"]
+    assert _edges("kuhs'pee and Free/Open/NetBSD") == [
+        "kuhs<", "'", "pee>", "and", "Free<", "/", "Open", "/", "NetBSD>"]
+    assert _edges("Oregon's capital, O'Brien") == [
+        "Oregon<>", "'", "s", "capital<>", ",", "O<", "'", "Brien>"]
+
+
+def test_a_name_with_initials_is_one_phrase_and_an_initial_ends_none():
+    """"Eric S. Raymond": the full stop after an initial is no sentence end (the answers
+    were "Eric S" and "Raymond"), and "S" is not where a name ends."""
+    assert _edges("by Eric S. Raymond") == ["by", "Eric<>", "S<", ".", "Raymond<>"]
+    assert not is_break("Eric S. Raymond", 6, 7)
+    assert is_break("in Paris. Then", 8, 9) and is_break("World War I. the", 11, 12)
 
 
 def test_clean_spans_never_hold_a_break():
@@ -193,7 +225,7 @@ def test_spaced_breaks_from_offsets_alone():
     for text, marks in [("Rome. Milan was next", ["."]),
                         # ")" touches words on neither side; the "." after it breaks
                         ("Berlin, Germany (painters; poets).", [",", "(", ";", "."]),
-                        ("the U.S. Army", ["."]), ("an e-mail of 3.5 cents - or a/b", ["-"])]:
+                        ("the U.S. army", ["."]), ("an e-mail of 3.5 cents - or a/b", ["-"])]:
         offs = np.array([(m.start(), m.end()) for m in re.finditer(r"\w+|[^\w\s]", text)],
                         dtype=np.int32)
         stored = token_flags(text, offs) & np.uint8(~BREAK & 0xFF)   # an old segment's flags
