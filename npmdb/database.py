@@ -323,6 +323,7 @@ class Database(Versioning):
         with self.env.read(buffers=True) as txn:
             m = V.resolve(txn, self.env.dbs, version)
             self._readers.sweep(txn)
+            self._encoders.sweep(txn)
             segs = [self._readers.get(txn, s) for s in m.segments]
             gen = m.generation
             # the generation's record as this snapshot sees it: a vacuum in another process

@@ -39,6 +39,7 @@ class Encoders:
         self.override = None if override is None else Path(override)
         self._cache: dict[int, enc_mod.Encoder] = {}
         self._lock = threading.Lock()
+        self._swept = -1  # the id of the last transaction sweep() looked through
 
     def _record(self, txn, gen: int) -> F.GenerationRecord:
         rec = F.get_generation(txn, self.env.dbs, gen)
@@ -111,6 +112,20 @@ class Encoders:
                 f"{info.fingerprint[:12]}…) is gone and no installed encoder has its "
                 "weights: open with encoder='/path/to/it'")
         return found
+
+    def sweep(self, txn) -> None:
+        """Drop the encoders of generations ``txn`` no longer records (a vacuum in another
+        handle or process removed them and their checkpoints): a handle kept open beside
+        a writer kept one model per training refresh, its deleted file still mapped.
+        Runs once per commit seen; a snapshot that still reads such a generation loads
+        it again from what the vacuum left for it."""
+        tid = txn.id()
+        if tid <= self._swept:
+            return
+        self._swept = tid  # not under the lock: get() holds it while a model loads
+        for gen in [g for g in list(self._cache)
+                    if F.get_generation(txn, self.env.dbs, g) is None]:
+            self._cache.pop(gen, None)
 
     def put(self, gen: int, encoder: enc_mod.Encoder) -> None:
         """Cache ``encoder`` as generation ``gen``'s (a refresh that just wrote it)."""

@@ -411,7 +411,9 @@ class Readers:
             return
         dbs = self.env.dbs
         with self._lock:
-            self._swept = max(self._swept, tid)
+            if tid <= self._swept:  # an older snapshot waited here for a newer one's sweep
+                return
+            self._swept = tid
             for seg, r in list(self._readers.items()):
                 if F.get_segment(txn, dbs, seg) is None:
                     del self._readers[seg]
