@@ -808,3 +808,36 @@ def test_serve_refuses_a_token_no_header_can_carry(versioned_db_path, token):
                            write=False, time_limit=5.0, shards=None, ray=False)
     with pytest.raises(npmdb.ProgrammingError, match="access token must be printable"):
         main(args)
+
+
+def test_a_head_request_is_pinned_again_when_a_vacuum_removed_its_version(tmp_path,
+                                                                           tiny_encoder,
+                                                                           monkeypatch):
+    """HEAD's id was pinned, then another process committed and vacuumed before the query
+    read it: the request was refused with "no version N" (9 % of HEAD requests under a
+    writer). A request for HEAD is pinned again; one that named the version is refused."""
+    import npmdb
+    from npmdb.serve.app import Server
+
+    path = tmp_path / "db"
+    with npmdb.open(path, encoder=tiny_encoder, progress=False) as db:
+        db.add(["Salem is the capital of Oregon."])
+        db.add(["Boise is the capital of Idaho."])
+    app = create_app(path)
+    with TestClient(app) as c:
+        server = app.state.server
+        stale = [server.db.version]
+        writer = ("import npmdb\n"   # another process moves HEAD and vacuums
+                  f"with npmdb.open({str(path)!r}, progress=False) as w:\n"
+                  "    w.add(['Helena is the capital of Montana.'])\n    w.vacuum()\n")
+        subprocess.run([sys.executable, "-c", writer], check=True, timeout=300)
+        real = Server.pin
+        monkeypatch.setattr(Server, "pin", lambda self, ref=None: stale.pop() if stale and
+                            ref in (None, "") else real(self, ref))
+        r = c.post("/api/fill_mask", json={"query": "Salem is the capital of [MASK]."})
+        assert r.status_code == 200, r.text
+        assert r.json()["version"] == 3
+        stale.append(2)
+        r = c.post("/api/fill_mask", json={"query": "Salem is the capital of [MASK].",
+                                           "version": 2})
+        assert r.status_code == 400 and "no version 2" in r.text

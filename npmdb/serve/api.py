@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from functools import partial
 from typing import Any, Sequence
 
 from starlette.requests import Request
@@ -203,12 +204,13 @@ def routes(server: Server) -> list[Route]:
         q = _query(data, server)
         opts = check_options(data, FILL_OPTIONS, server)
 
-        def run():
+        ref = opts.pop("version", None)
+
+        def run(vid: int):
             t0 = time.perf_counter()
-            vid = server.pin(opts.pop("version", None))
             res = db.fill_mask(q, version=vid, **opts)
             return result_json(server, res, vid, (time.perf_counter() - t0) * 1000)
-        return StrictJSONResponse(await server.call(run))
+        return StrictJSONResponse(await server.call(server.at, ref, run))
 
     async def classify(request: Request) -> StrictJSONResponse:
         data = await read_json(request)
@@ -221,15 +223,16 @@ def routes(server: Server) -> list[Route]:
                            "or list of words")
         opts = check_options(data, CLASSIFY_OPTIONS, server, skip=("query", "labels"))
 
-        def run():
+        ref = opts.pop("version", None)
+
+        def run(vid: int):
             t0 = time.perf_counter()
-            vid = server.pin(opts.pop("version", None))
             res = db.classify(q, labels, version=vid, **opts)
             out = result_json(server, res, vid, (time.perf_counter() - t0) * 1000)
             for a in out["answers"]:
                 a["label"] = a["text"]
             return out
-        return StrictJSONResponse(await server.call(run))
+        return StrictJSONResponse(await server.call(server.at, ref, run))
 
     async def sql(request: Request) -> StrictJSONResponse:
         data = await read_json(request)
@@ -282,13 +285,13 @@ def routes(server: Server) -> list[Route]:
     async def document(request: Request) -> JSONResponse:
         doc_id = request.path_params["doc_id"]
 
-        def run():
-            vid = server.pin(request.query_params.get("version"))
+        def run(vid: int):
             d = db.get(doc_id, version=vid)
             if d is None:
                 raise ApiError(404, "NotFound", f"no document {doc_id!r} at version {vid}")
             return d | {"version": vid}
-        return StrictJSONResponse(await server.call(run))
+        return StrictJSONResponse(await server.call(server.at,
+                                                    request.query_params.get("version"), run))
 
     async def diff(request: Request) -> JSONResponse:
         p = request.query_params
@@ -332,8 +335,10 @@ def routes(server: Server) -> list[Route]:
 def page_of_documents(server: Server, version: Any, q: str | None, offset: int,
                       limit: int) -> dict[str, Any]:
     """One page of documents: BM25 hits for ``q``, else documents in insertion order."""
-    db = server.db
-    vid = server.pin(version)
+    return server.at(version, partial(_page_at, server.db, q, offset, limit))
+
+
+def _page_at(db: Any, q: str | None, offset: int, limit: int, vid: int) -> dict[str, Any]:
     total = db.count(vid)
     if q:
         hits = best_block_per_document(db, q, offset + limit + 1, vid)

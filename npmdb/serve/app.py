@@ -123,6 +123,27 @@ class Server:
             raise ApiError(400, "BadRequest", f"version must be an id or a tag, got {ref!r}")
         return self.db.checkout(ref).version
 
+    def at(self, ref: Any, fn: Callable[[int], Any]) -> Any:
+        """``fn(vid)`` at the version ``ref`` names (:meth:`pin`). Where ``ref`` is HEAD and
+        a vacuum in another process removed the pinned version before ``fn`` read it
+        (HEAD moved on meanwhile), HEAD is pinned again, up to three times: such requests
+        were refused with "no version N"."""
+        for attempt in range(3):
+            vid = self.pin(ref)
+            try:
+                return fn(vid)
+            except Error:
+                if (ref is not None and ref != "") or attempt == 2 or self._exists(vid):
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _exists(self, vid: int) -> bool:
+        try:
+            self.db.checkout(vid)
+        except Error:
+            return False
+        return True
+
     async def call(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
         """Run blocking ``fn`` on a worker thread within the per-request time limit. At most
         ``threads`` calls run at once, counting those whose request timed out (still

@@ -91,8 +91,7 @@ def routes(server: Server, templates: Jinja2Templates) -> list[Route]:
         start, end = _int(p.get("start")), _int(p.get("end"))
         phrase = (p.get("phrase") or "")[:s.max_query]
 
-        def run():
-            vid = server.pin(p.get("version"))
+        def run(vid: int):
             d = db.get(doc_id, version=vid)
             if d is None:
                 raise ApiError(404, "NotFound", f"no document {doc_id!r} at version {vid}")
@@ -104,7 +103,7 @@ def routes(server: Server, templates: Jinja2Templates) -> list[Route]:
                 spans = occurrences(text, phrase)
             label = phrase or (text[start:end] if current else "")
             return vid, d, highlight(text, spans, current), len(spans), label
-        vid, d, pieces, n, label = await server.call(run)
+        vid, d, pieces, n, label = await server.call(server.at, p.get("version"), run)
         return render(request, "document.html", doc=d, version=vid, pieces=pieces, count=n,
                       label=label)
 
