@@ -122,6 +122,11 @@ def is_invisible(word: str) -> bool:
     return all(unicodedata.category(ch) in INVISIBLE for ch in word)
 
 
+def _is_ending(tok: str) -> bool:
+    """True for a contraction's or possessive's ending with its apostrophe ("'s", "’ll")."""
+    return len(tok) > 1 and tok[0] in APOSTROPHES and tok[1:].casefold() in CONTRACTION_PARTS
+
+
 def _is_cjk(ch: str) -> bool:
     cp = ord(ch)
     return (0x4E00 <= cp <= 0x9FFF or 0x3400 <= cp <= 0x4DBF or 0x20000 <= cp <= 0x2A6DF
@@ -146,13 +151,16 @@ def token_flags(text: str, offsets: np.ndarray) -> np.ndarray:
     cjk_first = [e > s and _is_cjk(text[s]) for s, e in zip(starts, ends)]
     cjk_last = [e > s and _is_cjk(text[e - 1]) for s, e in zip(starts, ends)]
     empty = [e <= s for s, e in zip(starts, ends)]
+    # a byte-level tokenizer's "'s" or "'ll" (one token): the ending is a word of its own,
+    # as BERT's "'" "s" are, so "Oregon" ends before "'s" ("Oregon's" was the only phrase)
+    ending = [_is_ending(text[s:e]) for s, e in zip(starts, ends)]
 
     # boundary[i]: a word boundary lies just before token i.
     boundary = [True] * (n + 1)
     for i in range(1, n):
         boundary[i] = (
             starts[i] > ends[i - 1] or punct[i] or punct[i - 1]
-            or cjk_first[i] or cjk_last[i - 1] or empty[i] or empty[i - 1]
+            or cjk_first[i] or cjk_last[i - 1] or empty[i] or empty[i - 1] or ending[i]
         )
     ws = 0
     for i in range(1, n + 1):
@@ -164,9 +172,9 @@ def token_flags(text: str, offsets: np.ndarray) -> np.ndarray:
             continue
         word = text[starts[ws]:ends[we]]
         low = word.casefold()
-        is_stop = low in STOPWORDS and (
+        is_stop = (low in STOPWORDS and (
             low not in CONTRACTION_PARTS
-            or (starts[ws] > 0 and text[starts[ws] - 1] in APOSTROPHES))
+            or (starts[ws] > 0 and text[starts[ws] - 1] in APOSTROPHES))) or _is_ending(low)
         is_p = is_punct(word)
         clean = not (is_stop or is_p or is_invisible(word))
         # inside a joined word ("Hewlett-Packard"), or an initial ("Eric S")

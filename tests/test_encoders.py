@@ -535,3 +535,20 @@ def test_an_encoder_saved_in_shards_works_and_every_shard_is_fingerprinted(tmp_p
     with npmdb.open(tmp_path / "db", progress=False) as db:
         with pytest.raises(npmdb.OperationalError, match="not the one that made its vectors"):
             db.fill_mask("Salem is the capital of [MASK].", retrieval="dense")
+
+
+def test_a_byte_level_possessive_ending_is_a_word_of_its_own(encoders):
+    """RoBERTa's tokenizer makes one token of "'s": "Oregon" could not end a phrase before
+    it ("Oregon's" was the only one), where BERT's "'" "s" let it."""
+    from npmdb.boundaries import STOPWORD, VALID_END, VALID_START, token_flags
+    from npmdb.encoder import Encoder
+
+    text = "Salem is Oregon's capital and O'Brien's home."
+    tt = Encoder(encoders["roberta"]).tokenize(text)
+    assert any(text[s:t] == "'s" for s, t in tt.offsets)   # the tokenizer makes it
+    flags = token_flags(text, np.asarray(tt.offsets))
+    ends = {text[:t].split()[-1] for (s, t), f in zip(tt.offsets, flags) if f & VALID_END}
+    assert {"Oregon", "O'Brien"} <= ends
+    for (s, t), f in zip(tt.offsets, flags):
+        if text[s:t] == "'s":
+            assert f & STOPWORD and not f & (VALID_START | VALID_END)
