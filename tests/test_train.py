@@ -220,8 +220,7 @@ def test_train_writes_a_tagged_generation(db_copy):
     assert [a.text for a in old.answers] == [a.text for a in before.answers]
     # the checkpoint is a safetensors file inside the database; nothing is pickled
     assert (db.path / "encoders" / "g1" / "model.safetensors").exists()
-    assert [p.name for p in (db.path / STATE_DIR).glob("*.safetensors")] == \
-        ["state-3.safetensors"]
+    assert [p.name[:8] for p in (db.path / STATE_DIR).glob("*.safetensors")] == ["state-3-"]
     assert no_pickles(db.path) == []
     assert "trained 3 steps" in str(report)
 
@@ -501,7 +500,8 @@ def test_damaged_training_state_is_an_operational_error(db_copy, capsys):
 
     db = db_copy
     npmdb.train(db, steps=2, batch_blocks=4, progress=False)
-    st, mp = db.path / STATE_DIR / "state-2.safetensors", db.path / STATE_DIR / "state.msgpack"
+    (st,) = (db.path / STATE_DIR).glob("state-2-*.safetensors")
+    mp = db.path / STATE_DIR / "state.msgpack"
     good_st, good_mp = st.read_bytes(), mp.read_bytes()
     meta = msgpack.unpackb(good_mp, raw=False)
     flipped = bytearray(good_st)
@@ -567,14 +567,42 @@ with npmdb.open({str(path)!r}, progress=False) as db:
 """
     assert subprocess.run([sys.executable, "-c", child], timeout=600).returncode == 9
     d = path / STATE_DIR
-    assert {p.name for p in d.glob("*.safetensors")} == {"state-2.safetensors",
-                                                         "state-4.safetensors"}
+    assert sorted(p.name[:8] for p in d.glob("*.safetensors")) == ["state-2-", "state-4-"]
     with npmdb.open(path, progress=False) as db:
         assert load_train_state(db)[0]["step"] == 2
         report = npmdb.train(db, steps=4, resume=True, progress=False)
         assert "trained 2 steps" in str(report)
         assert load_train_state(db)[0]["step"] == 4
-    assert [p.name for p in d.glob("*.safetensors")] == ["state-4.safetensors"]
+    assert [p.name[:8] for p in d.glob("*.safetensors")] == ["state-4-"]
+
+
+def test_saving_the_same_step_twice_never_overwrites_the_named_optimizer(db_copy):
+    """A resumed run that stops before its first step saves the step it resumed from
+    again: with one name per step that overwrote the file the metadata names, and a kill
+    between the two writes tore the state once more."""
+    from npmdb.train import state as S
+
+    db = db_copy
+    npmdb.train(db, steps=2, batch_blocks=4, progress=False)
+    ck = S.load_checkpoint(db)
+    named = S.optimizer_path(db, ck.meta)
+    before = named.read_bytes()
+    meta = {k: v for k, v in ck.meta.items() if k not in ("optimizer", "optimizer_sha256")}
+    real = S._fsync_write
+
+    def killed_before_the_metadata(path, data):
+        if path.name == "state.msgpack":
+            raise OSError("killed")
+        real(path, data)
+
+    S._fsync_write = killed_before_the_metadata
+    try:
+        with pytest.raises(OSError, match="killed"):
+            S.save_checkpoint(db, meta, ck.optimizer)
+    finally:
+        S._fsync_write = real
+    assert named.read_bytes() == before
+    assert S.load_checkpoint(db).meta["step"] == 2
 
 
 def test_a_state_saved_before_optimizer_files_had_step_names_resumes(db_copy):
@@ -582,13 +610,13 @@ def test_a_state_saved_before_optimizer_files_had_step_names_resumes(db_copy):
     db = db_copy
     npmdb.train(db, steps=2, batch_blocks=4, progress=False)
     d = db.path / STATE_DIR
-    (d / "state-2.safetensors").rename(d / "state.safetensors")
+    next(d.glob("state-2-*.safetensors")).rename(d / "state.safetensors")
     meta = msgpack.unpackb((d / "state.msgpack").read_bytes(), raw=False)
     del meta["optimizer"]
     (d / "state.msgpack").write_bytes(msgpack.packb(meta))
     assert load_train_state(db)[0]["step"] == 2
     npmdb.train(db, steps=3, resume=True, batch_blocks=4, progress=False)
-    assert [p.name for p in d.glob("*.safetensors")] == ["state-3.safetensors"]
+    assert [p.name[:8] for p in d.glob("*.safetensors")] == ["state-3-"]
 
 
 def test_state_dir_that_cannot_be_written(db_copy):

@@ -19,6 +19,7 @@ import dataclasses
 import hashlib
 import math
 import os
+import secrets
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
@@ -321,7 +322,7 @@ def _state_paths(db: "Database") -> tuple[Path, Path]:
 
 
 def optimizer_path(db: "Database", meta: dict) -> Path:
-    """The optimizer file the metadata ``meta`` names (``state-<step>.safetensors``; states
+    """The optimizer file the metadata ``meta`` names (``state-<step>-<id>.safetensors``; states
     written before each step had its own file name ``state.safetensors``)."""
     name = meta.get("optimizer", "state.safetensors")
     return db.path / STATE_DIR / Path(str(name)).name
@@ -352,7 +353,10 @@ def save_checkpoint(db: "Database", meta: dict, tensors: dict[str, "torch.Tensor
     header = {"format": str(STATE_FORMAT), "step": str(meta["step"]),
               "generation": str(meta["generation"])}
     data = save({k: v.contiguous() for k, v in tensors.items()}, metadata=header)
-    name = f"state-{int(meta['step'])}.safetensors"
+    # a name no earlier save used: the same step can be saved twice (a resumed run that
+    # stops before its first step), and overwriting the file the metadata names would
+    # tear the state again
+    name = f"state-{int(meta['step'])}-{secrets.token_hex(4)}.safetensors"
     _fsync_write(d / name, data)
     meta = dict(meta, optimizer=name, optimizer_sha256=hashlib.sha256(data).hexdigest())
     del data
