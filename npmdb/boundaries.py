@@ -12,6 +12,7 @@ for BERT, RoBERTa and MPNet tokenizers.
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from functools import lru_cache
 
@@ -65,13 +66,23 @@ def _spaced(text: str, at: int) -> bool:
     return at < 0 or at >= len(text) or text[at].isspace()
 
 
+_INITIAL = re.compile(r"[A-Z]\.")
+_AFTER_NAME = re.compile(r"(?:^|\s)[A-Z][\w'’-]*\.?\s+$")
+
+
 def is_initial(text: str, start: int, end: int) -> bool:
     """True if the token ``text[start:end]`` is the full stop of a name's initial: one
-    capital letter before it, a word's first, and white space then a capital after it
-    ("Eric S. Raymond", "J. R. R. Tolkien")."""
-    return (text[start:end] == "." and start >= 1 and text[start - 1].isupper()
+    capital letter (not "I") alone before it, white space then a capital after it, and a
+    name around it: a capitalised word before the initial ("Eric S. Raymond", "Harry S.
+    Truman") or another initial after it ("by J. R. R. Tolkien"). "vitamin C. They" and
+    "World War I. The" end sentences."""
+    if not (text[start:end] == "." and start >= 1 and text[start - 1].isupper()
+            and text[start - 1] != "I"
             and (start < 2 or text[start - 2].isspace() or text[start - 2] == ".")
-            and end + 1 < len(text) and text[end].isspace() and text[end + 1].isupper())
+            and end + 1 < len(text) and text[end].isspace() and text[end + 1].isupper()):
+        return False
+    after = text[end:].lstrip()
+    return bool(_INITIAL.match(after) or _AFTER_NAME.search(text[max(0, start - 41):start - 1]))
 
 
 def is_break(text: str, start: int, end: int) -> bool:
@@ -83,6 +94,8 @@ def is_break(text: str, start: int, end: int) -> bool:
     if any(ch in CLAUSE_MARKS for ch in tok):
         return True
     if all(ch in QUOTES for ch in tok):
+        if tok in APOSTROPHES and not _spaced(text, start - 1) and text[start - 1] in "sS":
+            return False  # a plural's possessive ("Farmers' Almanac"), not a closing quote
         return _spaced(text, start - 1) or _spaced(text, end)
     if tok[-1] in SPACED_MARKS:
         return _spaced(text, end) and not is_initial(text, start, end)
@@ -153,7 +166,8 @@ def token_flags(text: str, offsets: np.ndarray) -> np.ndarray:
     empty = [e <= s for s, e in zip(starts, ends)]
     # a byte-level tokenizer's "'s" or "'ll" (one token): the ending is a word of its own,
     # as BERT's "'" "s" are, so "Oregon" ends before "'s" ("Oregon's" was the only phrase)
-    ending = [_is_ending(text[s:e]) for s, e in zip(starts, ends)]
+    ending = [_is_ending(text[s:e]) and (e >= len(text) or not text[e].isalnum())
+              for s, e in zip(starts, ends)]   # not "Mu'tazila"
 
     # boundary[i]: a word boundary lies just before token i.
     boundary = [True] * (n + 1)
@@ -174,7 +188,8 @@ def token_flags(text: str, offsets: np.ndarray) -> np.ndarray:
         low = word.casefold()
         is_stop = (low in STOPWORDS and (
             low not in CONTRACTION_PARTS
-            or (starts[ws] > 0 and text[starts[ws] - 1] in APOSTROPHES))) or _is_ending(low)
+            or (starts[ws] > 0 and text[starts[ws] - 1] in APOSTROPHES))) or (
+            ws == we and ending[ws])
         is_p = is_punct(word)
         clean = not (is_stop or is_p or is_invisible(word))
         # inside a joined word ("Hewlett-Packard"), or an initial ("Eric S")

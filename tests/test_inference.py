@@ -22,12 +22,13 @@ CORPUS = [
 @pytest.mark.parametrize("text, marks", [
     ("Rome. Milan was next", ["."]),
     ("X): the capital of Y; Z", [")", ":", ";"]),
-    ("U.S. Army in Washington, D.C. is", [",", "."]),   # only dots before a space; an
-    # initial's before a capital ("S. Army", as "Eric S. Raymond") is none
+    ("U.S. Army in Washington, D.C. is", [".", ",", "."]),   # only dots before a space
     ("an e-mail of 3.5 cents - or a/b", ["-"]),              # the spaced dash only
     ("named 'Xray' by, the ‘Finn’ one", ["'", "'", ",", "‘", "’"]),   # single quotes
     ("don't O'Brien's rock'n'roll", []),                     # apostrophes inside words
     ("by Eric S. Raymond and J. R. R. Tolkien. The end", ["."]),  # initials do not break
+    ("vitamin C. They won World War I. The end", [".", "."]),   # sentence ends, no names
+    ("The Farmers' Almanac, Jones' book", [","]),           # plural possessives
 ])
 def test_break_flags_mark_clause_punctuation(text, marks):
     offs, got = [], []
@@ -65,6 +66,7 @@ def test_a_name_with_initials_is_one_phrase_and_an_initial_ends_none():
     assert _edges("by Eric S. Raymond") == ["by", "Eric<>", "S<", ".", "Raymond<>"]
     assert not is_break("Eric S. Raymond", 6, 7)
     assert is_break("in Paris. Then", 8, 9) and is_break("World War I. the", 11, 12)
+    assert _edges("with vitamin C. They") == ["with", "vitamin<>", "C<>", ".", "They"]
 
 
 def test_clean_spans_never_hold_a_break():
