@@ -72,7 +72,9 @@ def _change(args, verb: str, change, said) -> int:
     with _open(args) as db:
         head, before = db.version, db.count()
         vid = change(db)
-        if vid == head:
+        if vid is None:
+            print(f"nothing to {verb}: the database has no version yet")
+        elif vid == head:
             print(f"nothing to {verb}; version {vid} is unchanged")
         else:
             print(said(vid, db.count() - before))
@@ -97,12 +99,14 @@ def cmd_delete(args) -> int:
 
 
 def cmd_optimize(args) -> int:
-    with _open(args) as db:
-        segments = db.stats()["segments"]
-        vid = db.optimize(message=args.message, index=args.index, codec=args.codec)
-        print(f"optimized: version {vid} ({segments} segments merged into "
-              f"{db.stats()['segments']}; deleted documents dropped)")
-    return 0
+    segments: list[int] = []
+
+    def optimize(db):
+        segments.append(db.stats()["segments"])
+        return db.optimize(message=args.message, index=args.index, codec=args.codec)
+    return _change(args, "optimize", optimize,
+                   lambda vid, _: f"optimized: version {vid} ({segments[0]} segments merged "
+                                  "into 1; deleted documents dropped)")
 
 
 def cmd_vacuum(args) -> int:

@@ -40,6 +40,7 @@ class Encoders:
         self._cache: dict[int, enc_mod.Encoder] = {}
         self._lock = threading.Lock()
         self._swept = -1  # the id of the last transaction sweep() looked through
+        self._sweep_lock = threading.Lock()
 
     def _record(self, txn, gen: int) -> F.GenerationRecord:
         rec = F.get_generation(txn, self.env.dbs, gen)
@@ -122,10 +123,13 @@ class Encoders:
         tid = txn.id()
         if tid <= self._swept:
             return
-        self._swept = tid  # not under the lock: get() holds it while a model loads
-        for gen in [g for g in list(self._cache)
-                    if F.get_generation(txn, self.env.dbs, g) is None]:
-            self._cache.pop(gen, None)
+        with self._sweep_lock:  # not self._lock: get() holds it while a model loads
+            if tid <= self._swept:  # an older snapshot waited for a newer one's sweep
+                return
+            self._swept = tid
+            for gen in [g for g in list(self._cache)
+                        if F.get_generation(txn, self.env.dbs, g) is None]:
+                self._cache.pop(gen, None)
 
     def put(self, gen: int, encoder: enc_mod.Encoder) -> None:
         """Cache ``encoder`` as generation ``gen``'s (a refresh that just wrote it)."""

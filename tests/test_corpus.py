@@ -483,7 +483,8 @@ def test_plain_text_file(tmp_path):
     # a version's digits are no extension ("Apache-2.0" was titled "Apache-2")
     for name, title in (("Apache-2.0", "Apache-2.0"), ("notes.v1.2", "notes.v1.2"),
                         ("CC0-1.0.txt", "CC0-1.0"), (".profile", ".profile"),
-                        ("LICENSE", "LICENSE"), ("notes.v1", "notes.v1")):
+                        ("LICENSE", "LICENSE"), ("notes.v1", "notes.v1"),
+                        ("README.markdown", "README")):
         (tmp_path / name).write_text("x", encoding="utf-8")
         assert docs(tmp_path / name)[0].title == title, name
 

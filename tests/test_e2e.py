@@ -250,6 +250,8 @@ def test_cli_update_delete_optimize_and_vacuum(tmp_path, tiny_encoder, capsys):
     assert "deleted 1 documents; version 3" in capsys.readouterr().out
     assert main(["optimize", db, "-q"]) == 0
     assert "optimized: version 4 (2 segments merged into 1" in capsys.readouterr().out
+    assert main(["optimize", db, "-q"]) == 0
+    assert "nothing to optimize; version 4 is unchanged" in capsys.readouterr().out
     assert main(["vacuum", db]) == 0
     assert "vacuum removed 3 versions" in capsys.readouterr().out
     assert main(["versions", db]) == 0
@@ -260,3 +262,8 @@ def test_cli_update_delete_optimize_and_vacuum(tmp_path, tiny_encoder, capsys):
         assert d.get("a")["text"] == "Salem is a city in Oregon."
         assert [v["id"] for v in d.versions()] == [4] and d.stats()["segments"] == 1
         assert d.check().clean
+    empty = str(tmp_path / "empty")
+    npmdb.open(empty, encoder=tiny_encoder, progress=False).close()
+    for argv in (["optimize", empty], ["delete", empty, "a", "--missing-ok"]):
+        assert main(argv) == 0
+        assert "the database has no version yet" in capsys.readouterr().out

@@ -355,7 +355,7 @@ def text_title(name: str) -> str:
     """A text file's title: its name less an extension of letters ("notes.txt", "a.md"),
     never a version's digits ("Apache-2.0", "notes.v1.2" were "Apache-2", "notes.v1")."""
     stem, dot, ext = name.rpartition(".")
-    return stem if dot and stem and ext.isascii() and ext.isalpha() and len(ext) <= 5 \
+    return stem if dot and stem and ext.isascii() and ext.isalpha() and len(ext) <= 10 \
         else name
 
 
