@@ -21,7 +21,6 @@ import numpy as np
 from .corpus import Document
 from .errors import OperationalError
 from npmdb.storage import codec as C
-from npmdb.storage import format as F
 from npmdb.storage import ivf
 from npmdb.storage import versions as V
 from npmdb.storage.dense import AUTO, AUTO_IVF_TOKENS, IVF
@@ -68,9 +67,23 @@ def diff(a: Iterable[dict[str, Any]], b: Iterable[dict[str, Any]]) -> Diff:
 
 
 def _same_doc(a: tuple, b: tuple) -> bool:
-    """Equal title, text and meta; a meta value NaN (a DataFrame's missing number) equals
-    itself, which ``==`` denies."""
-    return a[:2] == b[:2] and (a[2] == b[2] or F.pack(a[2]) == F.pack(b[2]))
+    """Equal title, text and meta (:func:`same_value`)."""
+    return a[:2] == b[:2] and same_value(a[2], b[2])
+
+
+def same_value(x: Any, y: Any) -> bool:
+    """``x`` and ``y`` hold the same stored values: of the same types (3 is not 3.0, True
+    is not 1, which ``==`` calls equal: a change of type was no change in the diff), NaN
+    equal to itself (which ``==`` denies), maps with the same keys in any order."""
+    if type(x) is not type(y):
+        return False
+    if isinstance(x, dict):
+        return x.keys() == y.keys() and all(same_value(x[k], y[k]) for k in x)
+    if isinstance(x, (list, tuple)):
+        return len(x) == len(y) and all(same_value(i, j) for i, j in zip(x, y))
+    if isinstance(x, float):
+        return x == y or (x != x and y != y)
+    return x == y
 
 
 def optimize(writer: "Writer", message: str = "", index: str | None = None,

@@ -28,6 +28,13 @@ def finite(value: Any) -> Any:
     return value
 
 
+def _whole_numbers(values: list) -> bool:
+    """Every value is None or a 64-bit int (not a bool), and one is an int: a column
+    pandas would make float64, losing every int past 2**53 (2**53 + 1 read ...992.0)."""
+    ints = [v for v in values if v is not None]
+    return bool(ints) and all(type(v) is int and -2 ** 63 <= v < 2 ** 63 for v in ints)
+
+
 def json_text(value: Any, **kw: Any) -> str:
     """``value`` as strict JSON (:func:`finite`; what JSON cannot hold as its ``str``)."""
     return json.dumps(finite(value), ensure_ascii=False, allow_nan=False, default=str, **kw)
@@ -161,6 +168,10 @@ class Result:
         rows = self.to_list()
         frame = pd.DataFrame(rows, columns=list(self._column_names()))
         if rows:
+            for c in frame.columns:  # whole numbers with a gap: pandas' nullable Int64
+                values = [r.get(c) for r in rows]
+                if None in values and _whole_numbers(values):
+                    frame[c] = pd.array(values, dtype="Int64")
             return frame
         return frame.astype({c: _PANDAS_TYPES[COLUMN_TYPES[c]] for c in frame.columns
                              if COLUMN_TYPES.get(c) in _PANDAS_TYPES})  # not all object

@@ -147,7 +147,8 @@ class FilterRows(Operator):
 
 @dataclass(frozen=True)
 class OrderRows(Operator):
-    """Sort rows by ``keys``: (describe, key function, descending); NULLs sort last."""
+    """Sort rows by ``keys``: (describe, key function, descending); NULLs (and NaN) sort
+    last."""
 
     keys: tuple = ()
     children: tuple = ()
@@ -159,8 +160,11 @@ class OrderRows(Operator):
         rows = st.input(self, Rows).rows
         for describe, fn, desc in reversed(self.keys):
             values = [fn(r) for r in rows]
-            present = [i for i, v in enumerate(values) if v is not None]
-            missing = [i for i, v in enumerate(values) if v is None]
+            # NaN (a DataFrame's missing number) has no order: it sorts with the NULLs
+            # (compared as a number it left the rows unsorted, with no error)
+            none = [v is None or (isinstance(v, float) and v != v) for v in values]
+            present = [i for i, n in enumerate(none) if not n]
+            missing = [i for i, n in enumerate(none) if n]
             try:
                 present.sort(key=lambda i: values[i], reverse=desc)
             except TypeError:

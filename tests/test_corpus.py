@@ -237,6 +237,20 @@ def test_pandas_missing_title_and_id_are_missing():
     assert docs(frame) == [Document("a", "", "x", {}), Document(None, "B", "y", {})]
 
 
+def test_a_data_frames_missing_cells_are_none_as_in_its_parquet_file(tmp_path):
+    """A str column's missing cell was stored as a float NaN (it escaped IS NULL and read
+    'null' in Arrow), where the frame's Parquet file holds None."""
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame({"id": ["a", "b"], "text": ["x", "y"], "license": ["MIT", None],
+                          "size": [1.5, float("nan")],
+                          "kind": pd.Categorical(["k", None])})
+    frame.to_parquet(tmp_path / "f.parquet")
+    from_frame = [d.meta for d in docs(frame)]
+    assert from_frame == [d.meta for d in docs(tmp_path / "f.parquet")]
+    assert from_frame[1] == {"license": None, "size": None, "kind": None}
+    assert from_frame[0] == {"license": "MIT", "size": 1.5, "kind": "k"}
+
+
 def test_arrow_table():
     pa = pytest.importorskip("pyarrow")
     table = pa.table({"text": ["x", "y"], "title": ["A", None]})

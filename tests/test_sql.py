@@ -1111,3 +1111,23 @@ def test_top_zero_is_every_answer_and_limit_zero_is_none(db):
     assert [a.text for a in db.fill_mask(Q, top=len(every) + 10).answers] == \
         [a.text for a in every]
     assert db.sql("SELECT phrase FROM MASKED(?) LIMIT 0", [Q]).rows == ()
+
+
+def test_order_by_a_field_holding_nan_sorts_it_with_the_nulls(new_db):
+    """NaN (a DataFrame's missing number) compared as a number left the rows unsorted."""
+    sizes = [5.0, float("nan"), 50.0, 1.0, None, 20.0]
+    new_db.add([{"id": f"d{i}", "text": f"Town {i} is in Norway.",
+                 "meta": {} if s is None else {"size": s}} for i, s in enumerate(sizes)])
+    for order, want in (("DESC", [50.0, 20.0, 5.0, 1.0]), ("ASC", [1.0, 5.0, 20.0, 50.0])):
+        got = [r[0] for r in new_db.sql(f"SELECT doc.meta.size FROM DOCUMENTS "
+                                        f"ORDER BY doc.meta.size {order}").rows]
+        assert got[:4] == want and all(v is None or v != v for v in got[4:]), got
+
+
+def test_to_pandas_keeps_whole_numbers_with_a_gap_exact(new_db):
+    """An int column with a missing value became float64 (2**53 + 1 read ...992.0)."""
+    new_db.add([{"id": "a", "text": "x y", "meta": {"n": 2 ** 53 + 1}},
+                {"id": "b", "text": "x z", "meta": {}}])
+    frame = new_db.sql("SELECT id, doc.meta.n FROM DOCUMENTS ORDER BY id").to_pandas()
+    assert str(frame["doc.meta.n"].dtype) == "Int64"
+    assert int(frame["doc.meta.n"][0]) == 2 ** 53 + 1 and frame["doc.meta.n"].isna()[1]

@@ -720,3 +720,14 @@ def test_a_long_lived_reader_lets_go_of_a_vacuumed_embedding_generation(tmp_path
             assert all(g == gen for g, _ in seg._located)
             assert set(reader._encoders._cache) <= {0, gen}
             assert not _deleted_files_under(path)
+
+
+def test_diff_sees_a_meta_value_that_changed_type(new_db):
+    """3 → 3.0 and True → 1 are changes (``==`` called them equal); keys in another order
+    are not."""
+    new_db.add([{"id": "a", "text": "Paris is in France.", "meta": {"n": 3, "flag": True}},
+                {"id": "b", "text": "Oslo is in Norway.", "meta": {"x": 1, "y": [1, 2.5]}}])
+    first = new_db.version
+    new_db.update([{"id": "a", "text": "Paris is in France.", "meta": {"n": 3.0, "flag": 1}},
+                   {"id": "b", "text": "Oslo is in Norway.", "meta": {"y": [1, 2.5], "x": 1}}])
+    assert new_db.diff(first).changed == ("a",)

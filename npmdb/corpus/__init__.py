@@ -211,7 +211,9 @@ def _tabular_rows(source: Any, id_field: str = "id") -> Iterator[Mapping[str, An
         def frame_rows() -> Iterator[Mapping[str, Any]]:
             for start in range(0, len(source), _PARQUET_BATCH):
                 chunk = source.iloc[start:start + _PARQUET_BATCH]
-                yield from chunk.to_dict("records")
+                # a missing cell (NaN, None, NA, NaT) is None, as the frame's Parquet file
+                # holds it: a str column's NaN was stored as a float and escaped IS NULL
+                yield from chunk.astype(object).where(chunk.notna(), None).to_dict("records")
         return frame_rows()
     if _is_arrow(source):
         def arrow_rows() -> Iterator[Mapping[str, Any]]:
