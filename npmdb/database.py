@@ -24,7 +24,7 @@ from . import ingest
 from .arguments import check_device, check_location, check_ref, check_text
 from .corpus import read_documents
 from .encoders import Encoders
-from .errors import InterfaceError, NotSupportedError, OperationalError, ProgrammingError
+from .errors import InterfaceError, OperationalError, ProgrammingError
 from .opening import FORMAT, check_config, claim_new, creation_lock, remove_unfinished
 from .progress import bar_factory
 from .result import Result
@@ -188,10 +188,6 @@ class Database(Versioning):
         if codec != C.AUTO:
             check_codec(codec, info.hidden_size)
         limit = enc_mod.block_limit(info.path)  # the encoder's positions less [CLS], [SEP]
-        if limit < 8:
-            raise NotSupportedError(
-                f"the encoder {info.name!r} takes {limit + 2} positions; npmdb needs at least "
-                "10 (a block of 8 tokens and its [CLS] and [SEP])")
         if block_len is None:
             block_len = min(DEFAULT_BLOCK_LEN, limit)
         if isinstance(block_len, bool) or not isinstance(block_len, int) or not 8 <= block_len:

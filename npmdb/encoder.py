@@ -264,8 +264,14 @@ def usable_positions(config: dict) -> int:
 
 
 def block_limit(path: str | os.PathLike) -> int:
-    """The most tokens a block may hold for the model at ``path`` ([CLS] and [SEP] aside)."""
-    return usable_positions(json.loads((Path(path) / "config.json").read_text())) - 2
+    """The most tokens a block may hold for the model at ``path`` ([CLS] and [SEP] aside);
+    a NotSupportedError below 8."""
+    limit = usable_positions(json.loads((Path(path) / "config.json").read_text())) - 2
+    if limit < 8:
+        raise NotSupportedError(f"the encoder at {path} takes {limit + 2} positions; npmdb "
+                                "needs at least 10 (a block of 8 tokens and its [CLS] and "
+                                "[SEP])")
+    return limit
 
 
 def describe(path: str | os.PathLike | None, fingerprint: str | None = None) -> EncoderInfo:
