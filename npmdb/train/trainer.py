@@ -20,11 +20,12 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import math
 import os
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from npmdb.arguments import check_device
 from npmdb.errors import DataError, NotSupportedError, OperationalError, ProgrammingError
@@ -202,40 +203,44 @@ def train(
     if callback is not None and not callable(callback):
         raise ProgrammingError(f"callback must be a function taking a dict of step "
                                f"statistics, got {callback!r}")
-    saved = saved_run(db, preset=preset, resume=resume)
-    cfg = resolve_config(dict(
-        steps=steps, batch_blocks=batch_blocks, lr=lr, group_size=group_size, warmup=warmup,
-        weight_decay=weight_decay, max_grad_norm=max_grad_norm, mask_ratio=mask_ratio,
-        target_grad=target_grad, freeze_embeddings=freeze_embeddings,
-        exclude_repeats=exclude_repeats, context_negatives=context_negatives,
-        refresh_every=refresh_every, objective=objective, seed=seed, grouping=grouping,
-        clean_edges=clean_edges, max_span_len=max_span_len, span_unit=span_unit,
-        span_length_p=span_length_p, reverse_pairs=reverse_pairs,
-        grad_cache=grad_cache, chunk_tokens=chunk_tokens, loss_chunk=loss_chunk, threads=threads,
-        tag_prefix=tag_prefix, log_every=log_every), preset=preset, saved=saved)
-    # each refresh saves the state there after its commit: a failure then would end the
-    # run after the version committed, losing the steps since
-    check_state_dir(db)
-    if progress is None:
-        progress = db.progress
-    sampler, start_gen = _sampler(db, cfg, saved)
-    dev = _device(device, cfg.threads)
-    encoder = db.encoder_for(start_gen)
-    stepper = Stepper(encoder, cfg, dev, saved)
-    run = _Run(db, cfg, stepper, sampler, encoder, start_gen,
-               prefetch=prefetch)
-    done, dropped = run.loop(progress, callback, max_seconds)
-    head = next((v for v in db.versions() if v["head"]), None)
-    return TrainReport(
-        steps=run.step, steps_run=run.step - cfg.start_step, objective=cfg.objective,
-        **run.history.summary(), seconds=time.perf_counter() - t_start,
-        train_seconds=max(run.train_seconds, 1e-9), versions=tuple(d.version for d in done),
-        generations=tuple(d.generation for d in done),
-        tags=tuple(d.tag for d in done if d.tag),
-        head_version=head["id"] if head else None,
-        head_generation=head["generation"] if head else None, device=str(dev),
-        resumed_from=cfg.start_step if saved is not None else None,
-        refreshes_dropped=dropped, config=cfg.summary())
+    with _one_run(db):
+        saved = saved_run(db, preset=preset, resume=resume)
+        cfg = resolve_config(dict(
+            steps=steps, batch_blocks=batch_blocks, lr=lr, group_size=group_size,
+            warmup=warmup,
+            weight_decay=weight_decay, max_grad_norm=max_grad_norm, mask_ratio=mask_ratio,
+            target_grad=target_grad, freeze_embeddings=freeze_embeddings,
+            exclude_repeats=exclude_repeats, context_negatives=context_negatives,
+            refresh_every=refresh_every, objective=objective, seed=seed, grouping=grouping,
+            clean_edges=clean_edges, max_span_len=max_span_len, span_unit=span_unit,
+            span_length_p=span_length_p, reverse_pairs=reverse_pairs,
+            grad_cache=grad_cache, chunk_tokens=chunk_tokens, loss_chunk=loss_chunk,
+            threads=threads,
+            tag_prefix=tag_prefix, log_every=log_every), preset=preset, saved=saved)
+        # each refresh saves the state there after its commit: a failure then would end the
+        # run after the version committed, losing the steps since
+        check_state_dir(db)
+        if progress is None:
+            progress = db.progress
+        sampler, start_gen = _sampler(db, cfg, saved)
+        dev = _device(device, cfg.threads)
+        encoder = db.encoder_for(start_gen)
+        stepper = Stepper(encoder, cfg, dev, saved)
+        run = _Run(db, cfg, stepper, sampler, encoder, start_gen,
+                   prefetch=prefetch)
+        done, dropped = run.loop(progress, callback, max_seconds)
+        head = next((v for v in db.versions() if v["head"]), None)
+        return TrainReport(
+            steps=run.step, steps_run=run.step - cfg.start_step, objective=cfg.objective,
+            **run.history.summary(), seconds=time.perf_counter() - t_start,
+            train_seconds=max(run.train_seconds, 1e-9),
+            versions=tuple(d.version for d in done),
+            generations=tuple(d.generation for d in done),
+            tags=tuple(d.tag for d in done if d.tag),
+            head_version=head["id"] if head else None,
+            head_generation=head["generation"] if head else None, device=str(dev),
+            resumed_from=cfg.start_step if saved is not None else None,
+            refreshes_dropped=dropped, config=cfg.summary())
 
 
 # --------------------------------------------------------------------------- stages
@@ -254,6 +259,34 @@ def _check_writable(db: "Database") -> None:
     # the first step; a refresh later waits for one (generations.REFRESH_LOCK_WAIT)
     with db._writing().hold():
         pass
+
+
+@contextlib.contextmanager
+def _one_run(db: "Database") -> Iterator[None]:
+    """One training run on a database at a time (``<db>/train.lock``): two runs both
+    stepped, their versions alternated at HEAD (each its own encoder), the second moved the
+    first's step tags, and both wrote the one saved state."""
+    path = db.path / "train.lock"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise OperationalError(f"cannot train: cannot open the training lock {path} "
+                               f"({exc})") from exc
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            raise OperationalError(
+                f"cannot train: another training run is going on {db.path}"
+                + (f" (pid {holder})" if holder.isdigit() else "") + "; wait for it to end "
+                "(or stop it), then train, or resume it") from None
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # closing lets the lock go
 
 
 def _sampler(db: "Database", cfg: TrainConfig, saved: Checkpoint | None
