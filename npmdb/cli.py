@@ -87,7 +87,7 @@ def _as_flags(message: str, names: Sequence[str]) -> str:
 
     def flag(m: "re.Match[str]") -> str:
         return f"--{m.group(1).replace('_', '-')}" if m.group(1) in names else m.group(0)
-    return re.sub(r"\b([a-z_]+)(?= must | is required)", flag, message)
+    return re.sub(r"\b([a-z_]+)(?= must | is required|=)", flag, message)
 
 
 def _fill_options(args, flags: Sequence[str]) -> dict:
@@ -192,13 +192,31 @@ def cmd_train(args) -> int:
             raise ProgrammingError(_as_flags(str(exc), settings)) from None
         print(report)
         if questions is not None and report.versions:
-            decision = keep_if_better(db, questions, before=before, trained=report.versions,
-                                      retrieval=args.eval_retrieval,
-                                      progress=False if args.quiet else None)
+            try:
+                decision = keep_if_better(db, questions, before=before,
+                                          trained=report.versions,
+                                          retrieval=args.eval_retrieval,
+                                          progress=False if args.quiet else None)
+            except BaseException:  # Ctrl-C or a failure: an unchecked version is not kept
+                _restore_unchecked(db, before, report.versions)
+                raise
             print(f"\non {args.keep_if_better}:\n{decision}")
         elif questions is not None:
             print("\nthis run wrote no version: nothing to compare, HEAD unchanged")
     return 0
+
+
+def _restore_unchecked(db, before, trained) -> None:
+    """--keep-if-better did not finish its comparison: HEAD, a trained version nothing
+    checked, goes back to ``before`` (it stayed HEAD, and a later --keep-if-better took it
+    for the version before training)."""
+    if before is None or db.version not in trained:
+        return
+    vid = db.restore(before, message="keep-if-better did not finish: the trained version "
+                                     "was not compared")
+    print(f"npmdb: the comparison did not finish; version {vid} restores version {before} "
+          f"(HEAD before training); the trained versions {', '.join(map(str, trained))} "
+          "stay readable", file=sys.stderr)
 
 
 def cmd_eval(args) -> int:

@@ -10,6 +10,7 @@ not clean up.
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ import numpy as np
 from .corpus import Document
 from .errors import OperationalError
 from npmdb.storage import codec as C
+from npmdb.storage import format as F
 from npmdb.storage import ivf
 from npmdb.storage import versions as V
 from npmdb.storage.dense import AUTO, AUTO_IVF_TOKENS, IVF
@@ -304,4 +306,42 @@ def vacuum(writer: "Writer", *, keep_tags: bool = True, older_than: float | None
         removed = writer.maintain(txn_fn)
         writer.readers.clear()
         empty_trash(writer.env, writer.root)
+        removed["training_state"] = int(drop_orphaned_training_state(writer.root,
+                                                                     writer.env))
         return removed
+
+
+def drop_orphaned_training_state(root: Path, env: Any) -> bool:
+    """Remove the saved training state at ``root`` whose embedding generation a vacuum
+    removed: resume refuses it for good, and its files (the optimizer's state, twice the
+    model's size) stayed until a new run. Never while a run holds the training lock; a
+    state that cannot be read is left for resume to report."""
+    import fcntl
+
+    import msgpack
+
+    from .train.state import STATE_DIR
+
+    d = Path(root) / STATE_DIR
+    mp = d / "state.msgpack"
+    try:
+        gen = int(msgpack.unpackb(mp.read_bytes(), raw=False,
+                                  strict_map_key=False)["generation"])
+    except Exception:  # noqa: BLE001 - absent, unreadable or damaged: not ours to judge
+        return False
+    with env.read() as txn:
+        if F.get_generation(txn, env.dbs, gen) is not None:
+            return False
+    try:
+        fd = os.open(Path(root) / "train.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        for f in [mp, *d.glob("state*.safetensors*")]:
+            f.unlink(missing_ok=True)
+        return True
+    except (BlockingIOError, OSError):
+        return False
+    finally:
+        os.close(fd)

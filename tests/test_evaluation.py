@@ -252,7 +252,8 @@ def test_cli_restore(planted, capsys):
     assert main(["tag", str(planted), "t", "--timeout", "5"]) == 0
 
 
-def test_cli_train_keep_if_better(tiny_db_path, sample_cloze, tmp_path, capsys):
+def _copy_with_questions(tiny_db_path, sample_cloze, tmp_path, n: int):
+    """A copy of the tiny database, its HEAD, and a file of its first ``n`` questions."""
     import shutil
 
     path = tmp_path / "db"
@@ -260,7 +261,12 @@ def test_cli_train_keep_if_better(tiny_db_path, sample_cloze, tmp_path, capsys):
     with npmdb.open(path, progress=False) as db:
         start = db.version
     qfile = tmp_path / "questions.jsonl"
-    qfile.write_text("".join(json.dumps(q) + "\n" for q in sample_cloze[:15]))
+    qfile.write_text("".join(json.dumps(q) + "\n" for q in sample_cloze[:n]))
+    return path, start, qfile
+
+
+def test_cli_train_keep_if_better(tiny_db_path, sample_cloze, tmp_path, capsys):
+    path, start, qfile = _copy_with_questions(tiny_db_path, sample_cloze, tmp_path, 15)
     # a bad question file stops before any training
     assert main(["train", str(path), "--steps", "2", "--keep-if-better",
                  str(tmp_path / "missing.jsonl"), "-q"]) == 2
@@ -581,3 +587,25 @@ def test_the_demo_asks_about_entities_the_bundled_sample_holds(sample_corpus):
     for q in DEMO_QUERIES:
         subject = q.split(" is ")[0]
         assert subject in titles, f"{q!r}: the sample has no document titled {subject!r}"
+
+
+def test_cli_keep_if_better_interrupted_keeps_no_unchecked_version(tiny_db_path, sample_cloze,
+                                                                   tmp_path, capsys,
+                                                                   monkeypatch):
+    """Ctrl-C while --keep-if-better compared left the trained version as HEAD, unchecked,
+    and a later --keep-if-better took it for the version before training."""
+    import npmdb.evaluation as E
+
+    path, start, qfile = _copy_with_questions(tiny_db_path, sample_cloze, tmp_path, 5)
+
+    def interrupted(*_a, **_k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(E, "keep_if_better", interrupted)
+    assert main(["train", str(path), "--steps", "2", "--batch-blocks", "8",
+                 "--keep-if-better", str(qfile), "-q"]) == 130
+    err = capsys.readouterr().err
+    assert f"restores version {start} (HEAD before training)" in err
+    with npmdb.open(path, progress=False) as db:
+        assert db.version == start + 2 and db.stats()["generation"] == 0
+        assert db.versions()[-2]["generation"] == 1   # the trained version stays readable

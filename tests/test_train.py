@@ -576,6 +576,59 @@ with npmdb.open({str(path)!r}, progress=False) as db:
     assert [p.name[:8] for p in d.glob("*.safetensors")] == ["state-4-"]
 
 
+def test_one_training_run_at_a_time(db_copy):
+    """A second run while one is going was not refused: both stepped, their versions
+    alternated at HEAD and the second moved the first's step tags."""
+    db = db_copy
+    errors = []
+
+    def second(stats):
+        if stats["step"] == 1:
+            try:
+                npmdb.train(db, steps=2, batch_blocks=4, progress=False)
+            except OperationalError as exc:
+                errors.append(str(exc))
+
+    npmdb.train(db, steps=2, batch_blocks=4, progress=False, callback=second)
+    assert len(errors) == 1 and "another training run is going on" in errors[0], errors
+    assert [v["tags"] for v in db.versions()][-1] == ["train-step-2"]
+    assert len(db.versions()) == 2
+    npmdb.train(db, steps=3, resume=True, progress=False)  # the lock went with the run
+
+
+def test_resume_refuses_settings_it_would_not_use(db_copy, capsys):
+    """--resume kept the saved run's settings and ignored --lr, --batch-blocks,
+    --objective and --seed without a word."""
+    from npmdb.cli import main
+
+    npmdb.train(db_copy, steps=2, batch_blocks=4, lr=1e-4, progress=False)
+    with pytest.raises(ProgrammingError, match=r"resume continues the saved run .* "
+                                               r"lr=0.001 \(saved: 0.0001\)"):
+        npmdb.train(db_copy, steps=3, resume=True, lr=1e-3, progress=False)
+    with pytest.raises(ProgrammingError, match=r"objective='token' \(saved: 'phrase'\)"):
+        npmdb.train(db_copy, steps=3, resume=True, objective="token", progress=False)
+    path = str(db_copy.path)
+    db_copy.close()
+    assert main(["train", path, "--resume", "--steps", "3", "--batch-blocks", "8", "-q"]) == 2
+    assert "--batch-blocks=8 (saved: 4)" in capsys.readouterr().err
+    assert main(["train", path, "--resume", "--steps", "3", "--batch-blocks", "4", "-q"]) == 0
+
+
+def test_vacuum_removes_a_training_state_whose_generation_it_removed(db_copy):
+    """Resume refuses such a state for good, and its files stayed until a new run."""
+    db = db_copy
+    db.tag("start", db.version)
+    npmdb.train(db, steps=2, batch_blocks=4, progress=False)
+    assert db.vacuum()["training_state"] == 0     # HEAD reads the state's generation
+    assert list((db.path / STATE_DIR).glob("state*"))
+    db.restore("start")
+    db.untag("train-step-2")
+    assert db.vacuum()["training_state"] == 1
+    assert not list((db.path / STATE_DIR).glob("state*"))
+    with pytest.raises(ProgrammingError, match="nothing to resume"):
+        npmdb.train(db, steps=3, resume=True, progress=False)
+
+
 def test_saving_the_same_step_twice_never_overwrites_the_named_optimizer(db_copy):
     """A resumed run that stops before its first step saves the step it resumed from
     again: with one name per step that overwrote the file the metadata names, and a kill
@@ -652,12 +705,18 @@ def test_resume_after_the_saved_generation_was_vacuumed(db_copy):
     """restore + untag + vacuum dropped the saved run's generation: resume says so and says
     to train without resume (in this process it used to resume from the cached encoder
     of a deleted checkpoint; a new process got "generation 1 is not recorded")."""
+    import shutil
+
     db = db_copy
     before = db.version
     npmdb.train(db, steps=1, batch_blocks=4, progress=False)
     db.restore(before)
     db.untag("train-step-1")
-    db.vacuum()
+    kept = db.path.parent / "kept-state"
+    shutil.copytree(db.path / STATE_DIR, kept)
+    assert db.vacuum()["training_state"] == 1  # a vacuum now removes such a state
+    shutil.rmtree(db.path / STATE_DIR)
+    shutil.copytree(kept, db.path / STATE_DIR)  # as one vacuumed before that was left
     match = r"generation 1 \(step 1\) is no longer in the database.*vacuum.*without resume"
     with pytest.raises(OperationalError, match=match):
         npmdb.train(db, steps=2, resume=True, progress=False)

@@ -59,14 +59,17 @@ class TrainReport:
         gens = ", ".join(f"v{v}/g{g}" for v, g in zip(self.versions, self.generations)) or "none"
         lines = [
             f"trained {self.steps_run} steps ({self.objective} objective) on {self.device} in "
-            f"{self.seconds:.1f} s ({self.steps_per_second:.2f} steps/s)"
+            f"{self.seconds:.1f} s (steps {self.train_seconds:.1f} s, "
+            f"{self.steps_per_second:.2f} steps/s; the rest loading, re-embedding, saving)"
             + (f", resumed from step {self.resumed_from}" if self.resumed_from else ""),
             f"loss {self.first_loss:.3f} -> {self.final_loss:.3f} (accuracy "
             f"{self.final_accuracy:.2f}); curve: {curve}",
             f"masked spans per batch {self.spans_per_batch:.1f}, positives per span "
             f"{self.positives_per_span:.1f}, batches with nothing to mask {self.skipped_batches}",
             f"generations written: {gens}; HEAD is version {self.head_version} "
-            f"(generation {self.head_generation})",
+            f"(generation {self.head_generation})"
+            + (f"; {self.refreshes_dropped} refreshes skipped (a newer one was due before "
+               "the last finished)" if self.refreshes_dropped else ""),
         ]
         return "\n".join(lines)
 

@@ -163,6 +163,7 @@ def resolve_config(args: Mapping[str, Any], *, preset: str | None,
     s = saved.meta if saved is not None else None
     if s is not None:
         hp.update({k: v for k, v in s["hyper"].items() if k in _PRESET_KEYS})
+        _check_resumable(args, s)
     elif preset is not None:
         hp.update(PRESETS[preset])
     hp.update({k: args[k] for k in _PRESET_KEYS if args[k] is not None
@@ -179,7 +180,8 @@ def resolve_config(args: Mapping[str, Any], *, preset: str | None,
         if preset is not None:
             raise ProgrammingError(
                 f"steps is required: preset {preset!r} sets no number of steps; pass "
-                "steps=N (or use preset='demo', which sets 400)")
+                "steps=N (or use preset='demo', which sets 400; on the command line: "
+                "--steps N or --preset demo)")
         raise ProgrammingError("steps is required: steps=N or preset='demo' (on the command "
                                "line: --steps N or --preset demo)")
     steps = _check_int("steps", hp["steps"], 1)
@@ -259,6 +261,28 @@ def resolve_config(args: Mapping[str, Any], *, preset: str | None,
         tag_prefix=args["tag_prefix"], log_every=log_every, preset=preset,
         start_step=start_step, span_unit=span_unit, span_length_p=span_length_p,
         reverse_pairs=reverse_pairs)
+
+
+#: Settings a resumed run keeps from the saved run, and the value each has when not given.
+_KEPT_ON_RESUME = {"objective": "phrase", "seed": 0, "grouping": "neighbours",
+                   "clean_edges": True, "max_span_len": 10, "span_unit": "token",
+                   "span_length_p": 0.5, "reverse_pairs": False}
+
+
+def _check_resumable(args: dict, s: dict) -> None:
+    """Refuse settings that a resumed run would not use (it keeps the saved run's): they
+    were ignored without a word (``--resume --lr 1e-3`` trained at the saved lr)."""
+    saved = {**s["hyper"], "objective": s["objective"], "seed": s["seed"]}
+    given = {k: args[k] for k in _PRESET_KEYS if k not in ("steps", "refresh_every")
+             and args.get(k) is not None}
+    given.update({k: args[k] for k, default in _KEPT_ON_RESUME.items()
+                  if k in args and args[k] != default})
+    differ = sorted(k for k, v in given.items() if k in saved and v != saved[k])
+    if differ:
+        raise ProgrammingError(
+            "resume continues the saved run with its own settings; "
+            + ", ".join(f"{k}={given[k]!r} (saved: {saved[k]!r})" for k in differ)
+            + " would not be used: leave them out, or train again without resume")
 
 
 def _check_bool(name: str, value: Any) -> bool:
