@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,20 +60,40 @@ def build_bm25(path: Path, docs: Iterable[BlockDoc]) -> int:
     index = tantivy.Index(_schema(), path=str(path))
     writer = index.writer(heap_size=64_000_000, num_threads=1)
     n = 0
-    for d in docs:
-        doc = tantivy.Document()
-        doc.add_unsigned("block", d.block)
-        doc.add_unsigned("doc", d.doc)
-        doc.add_text("title", d.title)
-        doc.add_text("text", d.text)
-        writer.add_document(doc)
-        n += 1
-    writer.commit()
-    writer.wait_merging_threads()
+    try:
+        for d in docs:
+            doc = tantivy.Document()
+            doc.add_unsigned("block", d.block)
+            doc.add_unsigned("doc", d.doc)
+            doc.add_text("title", d.title)
+            doc.add_text("text", d.text)
+            writer.add_document(doc)
+            n += 1
+        writer.commit()
+        writer.wait_merging_threads()
+    except ValueError as exc:
+        if any(t in str(exc) for t in ("killed", "io::Error", "IO error", "os error")):
+            raise _writer_thread_failed(exc, path) from exc
+        raise
     for f in path.iterdir():
         if f.is_file():
             fsync_path(f)
     return n
+
+
+def _writer_thread_failed(exc: ValueError, path: Path) -> OSError:
+    """tantivy failed to write (a ValueError: "An IO error occurred …", or, where its
+    writer thread failed, only "an index writer was killed … io::Error most likely"): an
+    OSError, so that the writer reports a file-system failure (the second was a bare
+    ValueError); ENOSPC where the disk is (almost) full."""
+    full = "os error 28" in str(exc) or "No space left" in str(exc)
+    try:
+        st = os.statvfs(path)
+        full = full or st.f_bavail * st.f_frsize < (8 << 20)
+    except OSError:
+        pass
+    code = errno.ENOSPC if full else errno.EIO
+    return OSError(code, f"{os.strerror(code)} (tantivy: {exc})", str(path))
 
 
 @dataclass(frozen=True, slots=True)

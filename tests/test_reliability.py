@@ -251,6 +251,31 @@ def test_a_real_full_disk_tmpfs(tmp_path, tiny_encoder):
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30)
 
 
+@pytest.mark.slow
+def test_a_bm25_index_that_fills_the_disk_is_an_os_error(tmp_path):
+    """tantivy's writer thread fails on a full disk and reports only "an index writer was
+    killed" (a ValueError the writer did not take for a disk error: the add failed with it
+    raw). It is an OSError (ENOSPC), which the writer reports as the disk being full."""
+    import errno
+    import random
+
+    from npmdb.storage.bm25 import BlockDoc, build_bm25
+
+    mnt = tmp_path / "mnt"
+    if not _mount_tmpfs(mnt, "1m"):
+        pytest.skip("cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN)")
+    try:
+        rng = random.Random(0)
+        words = ["".join(rng.choice("abcdefghij") for _ in range(8)) for _ in range(20000)]
+        docs = (BlockDoc(i, i, "t", " ".join(rng.choice(words) for _ in range(200)))
+                for i in range(5000))
+        with pytest.raises(OSError) as err:
+            build_bm25(mnt / "bm25", docs)
+        assert err.value.errno == errno.ENOSPC, err.value
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30)
+
+
 # -- LMDB map growth ---------------------------------------------------------------------
 
 
