@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .cli_versions import register as register_version_commands
-from .cli_versions import timeout_flag
+from .cli_versions import check_paths, timeout_flag
 from .errors import Error, ProgrammingError
 from .opening import remove_if_never_written
 from .output import print_result, print_table, shorten
@@ -35,9 +35,7 @@ DEMO_QUERIES = [
 def cmd_add(args) -> int:
     import npmdb
 
-    if any(not f.strip() for f in args.files):  # Path("") would read the working directory
-        raise npmdb.DataError("an empty path names no file: give a file or directory (\".\" "
-                              "for the working directory)")
+    check_paths(args.files)
     engine = "local"
     if args.ray:  # checked before the database is opened: a missing extra fails first
         from .distributed import RayEngine, resolve_engine

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 from .errors import DataError, ProgrammingError
 from .output import print_table, shorten
+from .shell import version_row
 
-__all__ = ["register", "timeout_flag"]
+__all__ = ["register", "timeout_flag", "check_paths"]
 
 
 def timeout_flag(parser: argparse.ArgumentParser) -> None:
@@ -32,10 +32,8 @@ def _open(args, *, write: bool = True):
 
 def cmd_versions(args) -> int:
     with _open(args, write=False) as db:
-        rows = [(v["id"], time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(v["time"])),
-                 v["parent"], ",".join(v["tags"]), v["docs"], v["tokens"], v["generation"],
-                 "*" if v["head"] else "", shorten(v.get("message") or "", 40))
-                for v in db.versions()]
+        rows = [(*row[:-1], shorten(row[-1] or "", 40))
+                for row in map(version_row, db.versions())]
         print_table(("id", "time", "parent", "tags", "docs", "tokens", "gen", "head",
                      "message"), rows, sys.stdout)
     return 0
@@ -81,9 +79,16 @@ def _change(args, verb: str, change, said) -> int:
     return 0
 
 
+def check_paths(files) -> None:
+    """Paths given on the command line name something: ``Path("")`` is the working
+    directory, which would be read whole."""
+    if any(not f.strip() for f in files):
+        raise DataError("an empty path names no file: give a file or directory (\".\" "
+                        "for the working directory)")
+
+
 def cmd_update(args) -> int:
-    if any(not f.strip() for f in args.files):  # Path("") would read the working directory
-        raise DataError("an empty path names no file: give a file or directory")
+    check_paths(args.files)
     return _change(args, "update", lambda db: db.update([Path(f) for f in args.files],
                                                         message=args.message),
                    lambda vid, n: f"updated: version {vid} ({n:+d} documents; each id that "
@@ -117,14 +122,29 @@ def cmd_vacuum(args) -> int:
     return 0
 
 
+def _change_command(sub, name: str, fn, help: str, *, message: bool = True,
+                    quiet: bool = False) -> argparse.ArgumentParser:
+    """A command that changes the database: ``db``, ``--timeout`` (and ``--message``,
+    ``-q``); the caller adds its own arguments."""
+    p = sub.add_parser(name, help=help)
+    p.add_argument("db")
+    if message:
+        p.add_argument("--message", default="")
+    timeout_flag(p)
+    if quiet:
+        p.add_argument("-q", "--quiet", action="store_true")
+    p.set_defaults(fn=fn)
+    return p
+
+
 def register(sub) -> None:
     """Add these commands to the ``npmdb`` parser's subcommands ``sub``."""
     v = sub.add_parser("versions", help="list versions")
     v.add_argument("db")
     v.set_defaults(fn=cmd_versions)
 
-    t = sub.add_parser("tag", help="name a version (or remove a name: --delete)")
-    t.add_argument("db")
+    t = _change_command(sub, "tag", cmd_tag, "name a version (or remove a name: --delete)",
+                        message=False)
     t.add_argument("name")
     t.add_argument("--version", default=None)
     t.add_argument("--move", action="store_true",
@@ -132,53 +152,31 @@ def register(sub) -> None:
     t.add_argument("--delete", action="store_true",
                    help="remove the tag (its version stays until a vacuum finds nothing "
                         "else keeping it)")
-    timeout_flag(t)
-    t.set_defaults(fn=cmd_tag)
 
-    rs = sub.add_parser("restore", help="commit a new version equal to an older one")
-    rs.add_argument("db")
+    rs = _change_command(sub, "restore", cmd_restore,
+                         "commit a new version equal to an older one")
     rs.add_argument("version", help="version id or tag")
-    rs.add_argument("--message", default="")
-    timeout_flag(rs)
-    rs.set_defaults(fn=cmd_restore)
 
-    up = sub.add_parser("update", help="replace documents with the same ids (an id not there "
-                                       "is added), as one version")
-    up.add_argument("db")
+    up = _change_command(sub, "update", cmd_update, "replace documents with the same ids (an "
+                         "id not there is added), as one version", quiet=True)
     up.add_argument("files", nargs="+", help="files or directories, as `npmdb add` reads")
-    up.add_argument("--message", default="")
-    timeout_flag(up)
-    up.add_argument("-q", "--quiet", action="store_true")
-    up.set_defaults(fn=cmd_update)
 
-    de = sub.add_parser("delete", help="delete documents by id (one version)")
-    de.add_argument("db")
+    de = _change_command(sub, "delete", cmd_delete, "delete documents by id (one version)")
     de.add_argument("ids", nargs="+", metavar="ID")
     de.add_argument("--missing-ok", action="store_true",
                     help="skip ids that are not there (by default nothing is deleted)")
-    de.add_argument("--message", default="")
-    timeout_flag(de)
-    de.set_defaults(fn=cmd_delete)
 
-    op = sub.add_parser("optimize", help="merge HEAD's segments into one, dropping deleted "
-                                         "documents (a new version)")
-    op.add_argument("db")
+    op = _change_command(sub, "optimize", cmd_optimize, "merge HEAD's segments into one, "
+                         "dropping deleted documents (a new version)", quiet=True)
     op.add_argument("--index", default=None, choices=("hnsw", "ivf", "exact", "auto"),
                     help="the dense index of the merged segment and of later ones")
     op.add_argument("--codec", default=None,
                     help="the vector codec of the merged segment and of later ones "
                          "(float16, int8, int4, pqM, auto)")
-    op.add_argument("--message", default="")
-    timeout_flag(op)
-    op.add_argument("-q", "--quiet", action="store_true")
-    op.set_defaults(fn=cmd_optimize)
 
-    va = sub.add_parser("vacuum", help="remove versions that are neither HEAD nor tagged, and "
-                                       "the files only they used")
-    va.add_argument("db")
+    va = _change_command(sub, "vacuum", cmd_vacuum, "remove versions that are neither HEAD "
+                         "nor tagged, and the files only they used", message=False)
     va.add_argument("--drop-tags", action="store_true",
                     help="remove tagged versions too (HEAD always stays)")
     va.add_argument("--older-than", type=float, default=None, metavar="SECONDS",
                     help="keep versions younger than this")
-    timeout_flag(va)
-    va.set_defaults(fn=cmd_vacuum)

@@ -10,7 +10,6 @@ not clean up.
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -316,10 +315,9 @@ def drop_orphaned_training_state(root: Path, env: Any) -> bool:
     removed: resume refuses it for good, and its files (the optimizer's state, twice the
     model's size) stayed until a new run. Never while a run holds the training lock; a
     state that cannot be read is left for resume to report."""
-    import fcntl
-
     import msgpack
 
+    from .train.lock import run_lock
     from .train.state import STATE_DIR
 
     d = Path(root) / STATE_DIR
@@ -333,15 +331,11 @@ def drop_orphaned_training_state(root: Path, env: Any) -> bool:
         if F.get_generation(txn, env.dbs, gen) is not None:
             return False
     try:
-        fd = os.open(Path(root) / "train.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        with run_lock(root) as holder:
+            if holder is not None:
+                return False
+            for f in [mp, *d.glob("state*.safetensors*")]:
+                f.unlink(missing_ok=True)
+            return True
     except OSError:
         return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        for f in [mp, *d.glob("state*.safetensors*")]:
-            f.unlink(missing_ok=True)
-        return True
-    except (BlockingIOError, OSError):
-        return False
-    finally:
-        os.close(fd)

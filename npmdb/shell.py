@@ -242,6 +242,14 @@ def _past_quoted(text: str, i: int) -> int:
     return n
 
 
+def version_row(v: dict) -> tuple:
+    """One of ``db.versions()`` as a table row: id, local time, parent, tags, docs, tokens,
+    generation, head ("*"), message."""
+    return (v["id"], time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(v["time"])),
+            v["parent"], ",".join(v["tags"]), v["docs"], v["tokens"], v["generation"],
+            "*" if v["head"] else "", v["message"])
+
+
 def with_version(statement: str, ref: int | str) -> str:
     """``statement`` with ``AS OF ref`` after its FROM source when it names no version."""
     at = version_insert(statement, ref)
@@ -404,10 +412,7 @@ class Shell:
                     raise ProgrammingError(f"usage: {name} on|off")
                 setattr(self, name[1:], flag)
             elif name == ".versions":
-                vs = self.db.versions()
-                rows = [(v["id"], time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(v["time"])),
-                         v["parent"], ",".join(v["tags"]), v["docs"], v["tokens"],
-                         v["generation"], "*" if v["head"] else "", v["message"]) for v in vs]
+                rows = [version_row(v) for v in self.db.versions()]
                 self.echo(format_rows(["id", "time", "parent", "tags", "docs", "tokens",
                                        "generation", "head", "message"], rows, self.mode))
             elif name == ".tags":

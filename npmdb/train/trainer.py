@@ -20,7 +20,6 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import math
 import os
 import sys
@@ -31,6 +30,7 @@ from npmdb.arguments import check_device
 from npmdb.errors import DataError, NotSupportedError, OperationalError, ProgrammingError
 
 from .batches import BatchSampler, load_blocks
+from .lock import run_lock
 from .reversals import with_pair_reversals
 from .refresh import Refresher, RefreshDone, RefreshJob
 from .report import History, TrainReport
@@ -263,30 +263,21 @@ def _check_writable(db: "Database") -> None:
 
 @contextlib.contextmanager
 def _one_run(db: "Database") -> Iterator[None]:
-    """One training run on a database at a time (``<db>/train.lock``): two runs both
+    """One training run on a database at a time (:mod:`npmdb.train.lock`): two runs both
     stepped, their versions alternated at HEAD (each its own encoder), the second moved the
     first's step tags, and both wrote the one saved state."""
-    path = db.path / "train.lock"
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise OperationalError(f"cannot train: cannot open the training lock {path} "
-                               f"({exc})") from exc
-    try:
+    with contextlib.ExitStack() as stack:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            holder = stack.enter_context(run_lock(db.path))
+        except OSError as exc:
+            raise OperationalError(f"cannot train: cannot open the training lock in "
+                                   f"{db.path} ({exc})") from exc
+        if holder is not None:
             raise OperationalError(
                 f"cannot train: another training run is going on {db.path}"
                 + (f" (pid {holder})" if holder.isdigit() else "") + "; wait for it to end "
-                "(or stop it), then train, or resume it") from None
-        with contextlib.suppress(OSError):
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, str(os.getpid()).encode(), 0)
+                "(or stop it), then train, or resume it")
         yield
-    finally:
-        os.close(fd)  # closing lets the lock go
 
 
 def _sampler(db: "Database", cfg: TrainConfig, saved: Checkpoint | None
