@@ -482,6 +482,7 @@ class Database(Versioning):
                 for local in range(seg.record.docs):
                     if local in dead:
                         continue
+                    self._check_open()  # the iterator outlived db.close()
                     d = seg.doc(snap.txn, local)
                     yield {"id": d.id, "title": d.title, "text": d.text, "meta": d.meta}
 

@@ -384,3 +384,12 @@ def test_with_on_a_closed_handle_is_refused(tiny_db_path):
     with pytest.raises(npmdb.InterfaceError):
         with db:
             pass
+
+
+def test_a_documents_iterator_stops_when_its_handle_closes(tiny_db_path):
+    db = npmdb.open(tiny_db_path, readonly=True, progress=False)
+    docs = db.documents()
+    assert next(docs)["id"]
+    db.close()
+    with pytest.raises(npmdb.InterfaceError, match="closed"):
+        next(docs)
