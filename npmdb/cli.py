@@ -85,7 +85,15 @@ def _as_flags(message: str, names: Sequence[str]) -> str:
 
     def flag(m: "re.Match[str]") -> str:
         return f"--{m.group(1).replace('_', '-')}" if m.group(1) in names else m.group(0)
-    return re.sub(r"\b([a-z_]+)(?= must | is required|=)", flag, message)
+
+    def assignment(m: "re.Match[str]") -> str:  # steps=N, preset='demo': --steps N
+        if m.group(1) not in names:
+            return m.group(0)
+        value = m.group(2).strip("'")
+        name = f"--{m.group(1).replace('_', '-')}"
+        return name if value == "True" else f"{name} {value}"
+    message = re.sub(r"\b([a-z_]+)=('[^']*'|[^\s,;:)]+)", assignment, message)
+    return re.sub(r"\b([a-z_]+)(?= must | is required)", flag, message)
 
 
 def _fill_options(args, flags: Sequence[str]) -> dict:

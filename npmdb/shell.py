@@ -480,15 +480,16 @@ class Shell:
             return False
         return True
 
-    def run_interactive(self) -> int:
-        """The prompt, with readline history and completion where readline exists."""
+    def run_interactive(self, name: str | None = None) -> int:
+        """The prompt, with readline history and completion where readline exists;
+        ``name``: the database as the user named it (its full path by default)."""
         # Ctrl-C cancels a statement (as in sqlite3) even where the shell was started with
         # SIGINT ignored (a parent that ignores it passes that on, and Python then installs
         # no handler of its own)
         if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
             signal.signal(signal.SIGINT, signal.default_int_handler)
         rl = _setup_readline()
-        self.echo(f"npmdb shell on {self.db.path} — .help for commands, .quit to leave")
+        self.echo(f"npmdb shell on {name or self.db.path} — .help for commands, .quit to leave")
         buf = ""
         try:
             while True:
@@ -576,7 +577,7 @@ def main(db_path: str, *, stdin: TextIO | None = None) -> int:
         if stdin.isatty():
             loading = shell.load_encoder_in_background()
             try:
-                return shell.run_interactive()
+                return shell.run_interactive(str(db_path))
             finally:
                 loading.join()   # never close the database under a load in progress
         return shell.run_script(stdin)

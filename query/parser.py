@@ -184,6 +184,9 @@ class _Parser(ExprParser):
             if n.kind not in ("ident", "qident", "string"):
                 self.unexpected(("a label name",))
             self.advance()
+            if not n.value:  # '' could not be printed back as a name (parse(to_sql(t)) == t)
+                self.fail("label names must be non-empty: name the label, e.g. "
+                          "LABELS(positive = 'great', negative = 'terrible')", n)
             if n.value in seen:
                 self.fail(f"duplicate label {n.value!r}", n)
             seen.add(n.value)

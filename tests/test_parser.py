@@ -249,6 +249,7 @@ def test_did_you_mean(text, hint):
     ("SELECT a FROM MASKED('x') WITH k = 1, K = 2", "duplicate option 'k'"),
     ("SELECT a FROM MASKED('x') USING hybrid(k => 1, k => 2)", "duplicate option 'k'"),
     ("SELECT a FROM CLASSIFY('x', LABELS(a = 'b', a = 'c'))", "duplicate label 'a'"),
+    ("SELECT a FROM CLASSIFY('x', LABELS('' = 'b', c = 'd'))", "label names must be non-empty"),
     ("SELECT a FROM DOCUMENTS LIMIT 1.5", "LIMIT takes an integer"),
     ("SELECT a FROM DOCUMENTS OFFSET -2", "OFFSET must not be negative"),
     ("SELECT limit FROM DOCUMENTS", "LIMIT is a reserved word"),
@@ -256,6 +257,11 @@ def test_did_you_mean(text, hint):
 ])
 def test_error_messages(text, message):
     assert message in str(_error(text))
+
+
+def test_an_empty_label_name_is_refused_where_it_stands():
+    err = _error("SELECT label FROM CLASSIFY('x [MASK]', LABELS(a = 'b', '' = 'c'))")
+    assert err.column == 56
 
 
 def test_nesting_limit():

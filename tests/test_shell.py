@@ -217,8 +217,10 @@ def test_terminal_session_history_and_completion(versioned_db_path, tmp_path):
     env = dict(os.environ, NPMDB_HISTORY=str(tmp_path / "state" / "history"), TERM="xterm")
 
     def spawn():
-        child = pexpect.spawn(sys.executable, ["-m", "npmdb", "shell", str(versioned_db_path)],
-                              env=env, encoding="utf-8", timeout=120, dimensions=(40, 200))
+        child = pexpect.spawn(sys.executable, ["-m", "npmdb", "shell", versioned_db_path.name],
+                              cwd=str(versioned_db_path.parent), env=env, encoding="utf-8",
+                              timeout=120, dimensions=(40, 200))
+        child.expect_exact(f"npmdb shell on {versioned_db_path.name} — .help")  # as typed
         child.expect_exact("npmdb> ")
         return child
 

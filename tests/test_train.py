@@ -446,6 +446,11 @@ def test_cli_train_errors_name_the_flags(db_copy, capsys):
         assert main(["train", path, "--steps", "2", *argv, "-q"]) != 0
         err = capsys.readouterr().err
         assert f"{flag} must be" in err and "_" not in err.split(" must")[0], err
+    # no steps: the flags as typed, once ("--steps N", never "steps=N" or "--preset='demo'")
+    assert main(["train", path, "-q"]) != 0
+    err = capsys.readouterr().err
+    assert "--steps N" in err and "--preset demo" in err, err
+    assert "=" not in err and "command line" not in err, err
     with npmdb.open(path, progress=False) as db:
         assert len(db.versions()) == 1
 

@@ -180,10 +180,9 @@ def resolve_config(args: Mapping[str, Any], *, preset: str | None,
         if preset is not None:
             raise ProgrammingError(
                 f"steps is required: preset {preset!r} sets no number of steps; pass "
-                "steps=N (or use preset='demo', which sets 400; on the command line: "
-                "--steps N or --preset demo)")
-        raise ProgrammingError("steps is required: steps=N or preset='demo' (on the command "
-                               "line: --steps N or --preset demo)")
+                "steps=N (or use preset='demo', which sets 400)")
+        raise ProgrammingError("steps is required: pass steps=N, or preset='demo' (400 "
+                               "steps)")
     steps = _check_int("steps", hp["steps"], 1)
     batch_blocks = _check_int("batch_blocks", hp["batch_blocks"], 2)
     group_size = _check_int("group_size", hp["group_size"], 2)
