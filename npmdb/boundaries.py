@@ -140,7 +140,7 @@ def _is_ending(tok: str) -> bool:
     return len(tok) > 1 and tok[0] in APOSTROPHES and tok[1:].casefold() in CONTRACTION_PARTS
 
 
-def _is_cjk(ch: str) -> bool:
+def is_cjk(ch: str) -> bool:
     cp = ord(ch)
     return (0x4E00 <= cp <= 0x9FFF or 0x3400 <= cp <= 0x4DBF or 0x20000 <= cp <= 0x2A6DF
             or 0x2A700 <= cp <= 0x2CEAF or 0xF900 <= cp <= 0xFAFF or 0x2F800 <= cp <= 0x2FA1F)
@@ -161,8 +161,8 @@ def token_flags(text: str, offsets: np.ndarray) -> np.ndarray:
     starts = [int(s) for s in offsets[:, 0]]
     ends = [int(e) for e in offsets[:, 1]]
     punct = [is_punct(text[s:e]) for s, e in zip(starts, ends)]
-    cjk_first = [e > s and _is_cjk(text[s]) for s, e in zip(starts, ends)]
-    cjk_last = [e > s and _is_cjk(text[e - 1]) for s, e in zip(starts, ends)]
+    cjk_first = [e > s and is_cjk(text[s]) for s, e in zip(starts, ends)]
+    cjk_last = [e > s and is_cjk(text[e - 1]) for s, e in zip(starts, ends)]
     empty = [e <= s for s, e in zip(starts, ends)]
     # a byte-level tokenizer's "'s" or "'ll" (one token): the ending is a word of its own,
     # as BERT's "'" "s" are, so "Oregon" ends before "'s" ("Oregon's" was the only phrase)

@@ -16,6 +16,8 @@ import numpy as np
 
 from npmdb.errors import ProgrammingError
 
+from .lexer import MAX_INTEGER
+
 __all__ = ["MaskedSpec", "ClassifySpec", "DocFilter", "check_options", "check_names", "DEFAULT_K",
            "MAX_LEN", "RANGES", "labels_of"]
 
@@ -164,6 +166,14 @@ class ClassifySpec:
                 raise ProgrammingError(f"label {label!r} needs one or more non-empty words")
 
 
+def _shown(v: Any) -> str:
+    """``v`` for a message: an integer too long to print whole is named by its size."""
+    if isinstance(v, int) and v.bit_length() > 64:
+        sign = "a negative" if v < 0 else "an"
+        return f"{sign} integer of about {round(v.bit_length() * math.log10(2))} digits"
+    return repr(v)
+
+
 def labels_of(labels: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """classify's labels as ``(name, words)`` pairs. A name is a str or an int (a class id,
     named by its digits); two that read the same (1 and "1") are refused: their answers
@@ -207,12 +217,14 @@ RANGES = {"tau": (1e-3, 1e3), "alpha": (-16.0, 16.0), "bm25_prior": (0.0, 100.0)
 def _validate(spec) -> None:
     if not isinstance(spec.text, str):
         raise ProgrammingError(f"the query must be a string, not {type(spec.text).__name__}")
-    _int(spec, "k", 1)
-    _int(spec, "blocks", 1)
+    # bounded as SQL's integers are (a count past 2**63 - 1 is a mistake, and printing it
+    # in a plan is Python's ValueError past 4,300 digits)
+    _int(spec, "k", 1, MAX_INTEGER)
+    _int(spec, "blocks", 1, MAX_INTEGER)
     _int(spec, "max_len", 1, MAX_LEN)
-    _int(spec, "top", 0)
-    _int(spec, "offset", 0)
-    _int(spec, "evidence", 0)
+    _int(spec, "top", 0, MAX_INTEGER)
+    _int(spec, "offset", 0, MAX_INTEGER)
+    _int(spec, "evidence", 0, MAX_INTEGER)
     if spec.doc_filter is not None and not isinstance(spec.doc_filter, DocFilter):
         raise ProgrammingError(
             f"doc_filter takes a npmdb.query.spec.DocFilter, not "
@@ -230,14 +242,15 @@ def _validate(spec) -> None:
         if not isinstance(v, (int, float)):  # numpy's: as a Python float
             object.__setattr__(spec, name, float(v))
     if not spec.tau > 0:
-        raise ProgrammingError(f"tau must be a positive number, got {spec.tau!r}")
+        raise ProgrammingError(f"tau must be a positive number, got {_shown(spec.tau)}")
     # NaN, infinite or extreme values give NaN or infinite scores (or overflow when
     # occurrences are summed), not answers
     for name, (lo, hi) in RANGES.items():
         v = getattr(spec, name, None)
-        if v is not None and not (math.isfinite(v) and lo <= v <= hi):
+        # the range first: an int past float's range compares exactly (isfinite overflows)
+        if v is not None and not (lo <= v <= hi and math.isfinite(v)):
             raise ProgrammingError(f"{name} must be a finite number in [{lo:g}, {hi:g}], "
-                                   f"got {v!r}")
+                                   f"got {_shown(v)}")
     _choice(spec, "mode", MODES)
     _choice(spec, "retrieval", RETRIEVALS)
     if hasattr(spec, "scoring"):
@@ -264,7 +277,7 @@ def _int(spec, name: str, lo: int, hi: int | None = None) -> None:
         object.__setattr__(spec, name, v)
     if v < lo or (hi is not None and v > hi):
         rng = f">= {lo}" if hi is None else f"between {lo} and {hi}"
-        raise ProgrammingError(f"{name} must be {rng}, got {v}")
+        raise ProgrammingError(f"{name} must be {rng}, got {_shown(v)}")
 
 
 def _choice(spec, name: str, choices: tuple[str, ...]) -> None:

@@ -278,7 +278,10 @@ def test_odd_but_valid_queries_answer(db, query):
     dict(mode="x"), dict(retrieval="x"), dict(blocks=0), dict(max_len=0), dict(max_len=10 ** 9),
     dict(exact="yes"), dict(evidence=-1), dict(offset=-1), dict(scoring="x"),
     dict(group_by="x"), dict(bogus=1), dict(top=True), dict(doc_filter=1),
-    dict(doc_filter="doc.id = 'a'")])
+    dict(doc_filter="doc.id = 'a'"),
+    # integers past float's range or past 4,300 digits (Python's limit on printing them)
+    dict(tau=10 ** 400), dict(alpha=-10 ** 400), dict(bm25_prior=10 ** 5000),
+    dict(tau=-10 ** 5000), dict(top=10 ** 5000), dict(k=2 ** 63), dict(evidence=10 ** 30)])
 def test_bad_query_parameters(db, opts):
     with pytest.raises(npmdb.ProgrammingError):
         db.fill_mask(Q, **opts)

@@ -38,6 +38,9 @@ def writer(tmp_path, tiny_encoder, sample_corpus):
         yield c, path
 
 
+JSON = {"content-type": "application/json"}
+
+
 def error_of(r, status):
     assert r.status_code == status, r.text
     body = r.json()
@@ -197,7 +200,15 @@ def test_bad_requests(client):
     e = error_of(client.post("/api/fill_mask", content=b"{not json",
                              headers={"content-type": "application/json"}), 400)
     assert e["type"] == "BadRequest" and "JSON" in e["message"]
-    error_of(client.post("/api/fill_mask", content=b"\xff\xfe"), 400)
+    error_of(client.post("/api/fill_mask", content=b"\xff\xfe", headers=JSON), 400)
+    # another media type (a page elsewhere can POST text/plain without a preflight)
+    for kind in (None, "text/plain", "application/x-www-form-urlencoded"):
+        e = error_of(client.post("/api/fill_mask", content=b'{"query": "a [MASK]"}',
+                                 headers={"content-type": kind} if kind else {}), 415)
+        assert "Content-Type: application/json" in e["message"]
+    assert client.post("/api/fill_mask", content=b'{"query": "a [MASK]", "retrieval": "bm25"}',
+                       headers={"content-type": "Application/JSON; charset=utf-8"}
+                       ).status_code == 200
     error_of(client.post("/api/fill_mask", json=["a list"]), 400)
     error_of(client.post("/api/fill_mask", json={"query": 3}), 400)
     error_of(client.post("/api/fill_mask", json={}), 400)
@@ -208,6 +219,9 @@ def test_bad_requests(client):
     e = error_of(client.post("/api/fill_mask", json={"query": Q, "retrieval": "magic"}), 400)
     assert e["type"] == "ProgrammingError"
     error_of(client.post("/api/fill_mask", json={"query": Q, "k": "many"}), 400)
+    for name in ("tau", "alpha", "bm25_prior"):  # an integer past float's range: was a 500
+        e = error_of(client.post("/api/fill_mask", json={"query": Q, name: 10 ** 400}), 400)
+        assert "must be a finite number" in e["message"], e
     error_of(client.get("/api/nothing"), 404)
     error_of(client.get("/api/fill_mask"), 405)
 
@@ -229,7 +243,7 @@ def test_oversized_requests(client):
     def chunks():  # no content-length: the size is counted as the body arrives
         for _ in range(40):
             yield b"x" * 65536
-    error_of(client.post("/api/sql", content=chunks()), 413)
+    error_of(client.post("/api/sql", content=chunks(), headers=JSON), 413)
 
 
 def test_time_limit(versioned_db_path):
@@ -265,6 +279,14 @@ def test_token_required_everywhere(writer):
     assert r.headers["location"] == "/documents?q=a+b%26c"
     c.cookies.clear()
     assert c.get("/versions").status_code == 401
+    # a cookie left by an earlier server (--write makes a new token at each start) does
+    # not hide the right ?token=, and the page then sets the new cookie
+    c.cookies.set("npmdb_token", "old-token")
+    r = c.get("/versions", params={"token": "s3cret"}, follow_redirects=False)
+    assert r.status_code == 303 and "npmdb_token=s3cret" in r.headers["set-cookie"]
+    assert c.get("/api/versions", headers={"Authorization": "Bearer wrong"},
+                 params={"token": "s3cret"}).status_code == 200
+    c.cookies.clear()
 
 
 def test_write_endpoints(writer):
@@ -356,6 +378,71 @@ def test_pages_render(client):
     assert client.get("/static/app.js").status_code == 200
 
 
+def test_a_server_without_a_token_answers_only_loopback_names(versioned_db_path):
+    """npmdb serve without a token sets local_only: a page elsewhere that points its own
+    name at 127.0.0.1 (DNS rebinding) gets no answer (it had every document)."""
+    app = create_app(versioned_db_path, Settings(local_only=True))
+    with TestClient(app, base_url="http://localhost:8000") as c:
+        assert c.get("/api/versions").status_code == 200
+        for host in ("127.0.0.1:8000", "[::1]:8000", "LOCALHOST"):
+            assert c.get("/api/versions", headers={"host": host}).status_code == 200, host
+        for host in ("attacker.example", "attacker.example:8000", "127.0.0.1.nip.io", ""):
+            e = error_of(c.get("/api/versions", headers={"host": host}), 421)
+            assert "localhost" in e["message"] and "--token" in e["message"]
+            assert c.get("/documents", headers={"host": host}).status_code == 421
+
+
+def test_main_serves_loopback_names_only_without_a_token(versioned_db_path, monkeypatch):
+    from types import SimpleNamespace
+
+    import uvicorn
+
+    from npmdb.serve import main
+
+    seen = []
+
+    def run(self):
+        seen.append(self.config.app)
+    monkeypatch.setattr(uvicorn.Server, "run", run)
+    for token, local in ((None, True), ("s3cret", False)):
+        main(SimpleNamespace(db=str(versioned_db_path), host="127.0.0.1", port=0, token=token,
+                             write=False, time_limit=5.0, shards=None, ray=False))
+        with TestClient(seen.pop(), base_url="http://attacker.example") as c:
+            r = c.get("/api/versions", headers={"Authorization": "Bearer s3cret"})
+            assert r.status_code == (421 if local else 200), r.text
+
+
+def test_document_pages_for_meta_dot_ids_and_whole_words(writer):
+    """The document page shows meta's characters as themselves (tojson escaped them as
+    \\u0391…), links every id to its own page (a browser resolved "a/./b" to "a/b" and
+    "a/../../sql" to "/sql"), and highlights the answer as whole words ("Oregon", not the
+    start of "Oregonians")."""
+    c, _ = writer
+    auth = {"Authorization": "Bearer s3cret"}
+    ids = ["notes/./a.txt", "a/../../sql", "..", ".", "x?y#z", "plain"]
+    r = c.post("/api/documents", headers=auth, json={"documents": [
+        {"id": i, "text": f"Salem is in Oregon; Oregonians say so ({n}).",
+         "meta": {"city": "Αθήνα", "note": "a < b & c", "fun": "🎉"}}
+        for n, i in enumerate(ids)]})
+    assert r.status_code == 201, r.text
+    import html
+    import re
+
+    page = "".join(c.get("/documents", headers=auth, params={"page": n}).text
+                   for n in (1, 2, 3))  # 56 documents, 20 a page
+    for i in ids:
+        href = html.unescape(re.search(f'<a href="([^"]*)">{re.escape(html.escape(i))}</a>',
+                                       page).group(1))
+        # where a browser goes: urljoin removes dot segments as browsers do
+        url = urllib.parse.urljoin("http://testserver/documents", href)
+        r = c.get(url, headers=auth)
+        assert r.status_code == 200 and f"<code>{html.escape(i)}</code>" in r.text, (i, url)
+    r = c.get("/documents/plain", headers=auth, params={"phrase": "Oregon"})
+    assert "1 occurrence of" in r.text and "<mark class=\"hl\">Oregon</mark>ians" not in r.text
+    assert "Αθήνα" in r.text and "🎉" in r.text and "a &lt; b &amp; c" in r.text
+    assert "\\u" not in r.text
+
+
 def test_page_escapes_document_text(writer):
     c, _ = writer
     auth = {"Authorization": "Bearer s3cret"}
@@ -438,7 +525,8 @@ def test_bodies_the_api_refuses_or_cleans(writer):
     e = error_of(c.post("/api/tags", headers=auth, json={"name": "t", "versoin": 1}), 400)
     assert "unknown field(s) versoin" in e["message"]
     error_of(c.post("/api/documents", headers=auth, json={"documents": ["x"], "msg": "m"}), 400)
-    e = error_of(c.post("/api/fill_mask", headers=auth, content="[" * 5000 + "]" * 5000), 400)
+    e = error_of(c.post("/api/fill_mask", headers=auth | JSON, content="[" * 5000 + "]" * 5000),
+                 400)
     assert "nested too deeply" in e["message"]
     # a computed value past float's range: a DataError placed in the statement (never a
     # non-finite number in the JSON)
@@ -725,6 +813,24 @@ def test_serve_prints_the_url_it_listens_on_and_none_when_it_cannot(versioned_db
         first.stderr.close()
 
 
+def test_the_printed_url_carries_a_token_of_any_characters(versioned_db_path):
+    """A token with '+', '#' or '&' printed raw gave a URL that the server refused."""
+    token = "pa+ss#1&x%y"
+    cmd = [sys.executable, "-m", "npmdb", "serve", str(versioned_db_path), "--port", "0",
+           "--token", token]
+    server = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    try:
+        url = server.stderr.readline().split()[2]
+        assert urllib.parse.parse_qs(urllib.parse.urlsplit(url).query) == {"token": [token]}
+        from urllib.request import urlopen
+        with urlopen(url.replace("/?", "/api/versions?"), timeout=30) as r:
+            assert r.status == 200
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+        server.stderr.close()
+
+
 @pytest.mark.parametrize("shards,seconds", [(2, 5.0), (None, 0)])
 def test_serve_checks_its_arguments_before_generating_a_token(versioned_db_path, shards,
                                                               seconds, capsys):
@@ -795,7 +901,7 @@ def test_negative_version_in_a_query_string_is_an_id(client):
     assert error_of(client.get("/api/diff", params={"a": "-1"}), 400)["message"] == said
 
 
-@pytest.mark.parametrize("token", [" ", " a ", "tok\n"])
+@pytest.mark.parametrize("token", [" ", " a ", "tok\n", "geheim-ß-秘密"])
 def test_serve_refuses_a_token_no_header_can_carry(versioned_db_path, token):
     """A header's value loses its edge white space, so ' a ' was accepted (on a public
     address too) and every Authorization: Bearer request got 401."""
@@ -808,6 +914,10 @@ def test_serve_refuses_a_token_no_header_can_carry(versioned_db_path, token):
                            write=False, time_limit=5.0, shards=None, ray=False)
     with pytest.raises(npmdb.ProgrammingError, match="access token must be printable"):
         main(args)
+    # the same rule where an application builds the server itself: an HTTP header is
+    # latin-1 and a cookie ASCII, so "ß" never matched (and ?token= set no cookie: a 500)
+    with pytest.raises(npmdb.ProgrammingError, match="access token must be printable"):
+        Settings(token=token)
 
 
 def test_a_head_request_is_pinned_again_when_a_vacuum_removed_its_version(tmp_path,

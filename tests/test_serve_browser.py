@@ -210,3 +210,42 @@ def test_sql_console_reports_a_network_error(browser, server):
     assert page.inner_text("#status") == "error"
     assert errors == []
     page.close()
+
+
+def test_query_page_shows_the_last_query_and_reads_numbers_as_typed(browser, server):
+    """A late response to an earlier query never replaces the answers of a later one (a
+    query's answers could sit under another query's text), and "1e1" in a number field is
+    ten, as the form itself reads it (parseInt sent 1)."""
+    import json
+
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    held: list = []
+    sent: list[dict] = []
+
+    def hold_first(route):
+        sent.append(json.loads(route.request.post_data))
+        if not held:
+            held.append(route)        # answered only after the second query's answers
+        else:
+            route.continue_()
+    page.route("**/api/fill_mask", hold_first)
+    page.goto(server + "/")
+    page.fill("#q", Q)
+    page.select_option("select[name=retrieval]", "bm25")
+    page.fill("input[name=top]", "1")
+    page.click("#ask button[type=submit]")
+    while not held:
+        page.wait_for_timeout(50)
+    page.fill("input[name=top]", "1e1")
+    page.click("#ask button[type=submit]")
+    page.wait_for_selector("#status.done")
+    shown = page.locator("section.answers .answer").count()
+    assert shown > 1 and sent[1]["top"] == 10, sent
+    with page.expect_response("**/api/fill_mask"):
+        held[0].continue_()
+    page.wait_for_timeout(300)
+    assert page.locator("section.answers .answer").count() == shown   # not the 1 of the first
+    assert errors == []
+    page.close()

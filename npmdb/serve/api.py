@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from npmdb.boundaries import is_cjk
 from npmdb.errors import Error, ProgrammingError
 from npmdb.query.result import json_text
 from npmdb.query.spec import ClassifySpec
@@ -158,12 +159,24 @@ def context(text: str, a: int, b: int, width: int = CONTEXT) -> dict[str, str]:
 
 
 def occurrences(text: str, phrase: str) -> list[tuple[int, int]]:
-    """Every case-insensitive occurrence of ``phrase`` in ``text`` (white space folded)."""
+    """Every case-insensitive occurrence of ``phrase`` in ``text`` (white space folded)
+    that is whole words: "Oregon" is not the start of "Oregonians" (an ideograph is a word
+    of its own, as the engine reads Chinese and Japanese text)."""
     words = phrase.split()
     if not words:
         return []
     pat = r"\s+".join(re.escape(w) for w in words)
-    return [(m.start(), m.end()) for m in re.finditer(pat, text, re.IGNORECASE)]
+    return [(m.start(), m.end()) for m in re.finditer(pat, text, re.IGNORECASE)
+            if not (_glued(text, m.start() - 1, m.start())
+                    or _glued(text, m.end() - 1, m.end()))]
+
+
+def _glued(text: str, a: int, b: int) -> bool:
+    """Whether ``text[a]`` and ``text[b]`` are letters or digits of one word."""
+    if a < 0 or b >= len(text):
+        return False
+    x, y = text[a], text[b]
+    return x.isalnum() and y.isalnum() and not (is_cjk(x) or is_cjk(y))
 
 
 def answers_json(db: Any, res: Any, vid: int) -> list[dict[str, Any]]:

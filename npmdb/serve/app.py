@@ -199,9 +199,27 @@ class Guard:
             return await self.app(scope, receive, send)
         request = Request(scope)
         token = self.settings.token
+        if self.settings.local_only and not _loopback_host(request.headers.get("host", "")):
+            # without a token the server answers this machine only; a page elsewhere that
+            # points its own name at 127.0.0.1 (DNS rebinding) would read it all
+            return await ApiError(
+                421, "MisdirectedRequest", "this server answers only requests addressed to "
+                "localhost, 127.0.0.1 or [::1] (it has no access token), not "
+                f"{request.headers.get('host', '')[:100]!r}: open it by one of those, or "
+                "serve with --token TOKEN").response()(scope, receive, send)
+        if request.method == "POST" and scope["path"].startswith("/api/") and \
+                request.headers.get("content-type", "").split(";")[0].strip().lower() \
+                != "application/json":
+            # a page elsewhere can POST text/plain without asking (no CORS preflight)
+            return await ApiError(
+                415, "UnsupportedMediaType", "send the request body as JSON with the header "
+                "Content-Type: application/json (curl: --json '{...}')"
+            ).response()(scope, receive, send)
         if token is not None:
-            given = _given_token(request)
-            if given is None or not hmac.compare_digest(given.encode(), token.encode()):
+            # any credential given may be the right one: a cookie left by the last run
+            # (--write makes a new token each start) must not hide the new ?token=
+            if not any(hmac.compare_digest(given.encode(), token.encode())
+                       for given in _given_tokens(request)):
                 resp = ApiError(401, "Unauthorized", "this server needs its access token: "
                                 "Authorization: Bearer TOKEN, or ?token=TOKEN").response()
                 resp.headers["WWW-Authenticate"] = "Bearer"
@@ -236,6 +254,15 @@ class Guard:
             await _too_large(limit)(scope, receive, send)
 
 
+def _loopback_host(host: str) -> bool:
+    """Whether a Host header names this machine (``localhost``, ``127.0.0.1:8080``,
+    ``[::1]:8080``; the port is the client's business)."""
+    from . import is_loopback
+
+    name = host.rsplit("]", 1)[0] + "]" if host.startswith("[") else host.rsplit(":", 1)[0]
+    return is_loopback(name.lower()) if name else False
+
+
 def _same_path(scope: dict) -> str:
     """The request's own path for a Location header: as the client sent it (still
     percent-encoded: ``/documents/a%3Fb`` must not become ``/documents/a?b``), with one
@@ -255,11 +282,12 @@ def _too_large(limit: int) -> JSONResponse:
                     ).response()
 
 
-def _given_token(request: Request) -> str | None:
+def _given_tokens(request: Request) -> list[str]:
+    """The tokens a request carries: its Bearer header, its ``?token=`` and its cookie."""
     auth = request.headers.get("authorization", "")
-    if auth.lower().startswith("bearer "):
-        return auth[7:].strip()
-    return request.cookies.get(TOKEN_COOKIE) or request.query_params.get("token")
+    given = [auth[7:].strip()] if auth.lower().startswith("bearer ") else []
+    given += [request.query_params.get("token"), request.cookies.get(TOKEN_COOKIE)]
+    return [t for t in given if t]
 
 
 def build_app(db_path: str | os.PathLike, settings: Settings) -> Starlette:

@@ -5,17 +5,29 @@ from __future__ import annotations
 
 import time
 from typing import Any
+from urllib.parse import quote, urlencode
 
 from starlette.requests import Request
 from starlette.routing import Route
 from starlette.templating import Jinja2Templates
 
+from npmdb.query.result import json_text
 from npmdb.query.spec import MAX_LEN, RANGES
 
 from .api import MAX_OFFSET, occurrences, page_of_documents
 from .app import ApiError, Server
 
-__all__ = ["routes", "highlight"]
+__all__ = ["routes", "highlight", "doc_href"]
+
+
+def doc_href(doc_id: str, **params: Any) -> str:
+    """The document page's URL for ``doc_id``: its id as one path segment (a ``/`` in it
+    escaped: the browser would resolve ``a/../b``), and ``?id=`` for the ids ``.`` and
+    ``..``, which a browser drops from any path, escaped or not."""
+    q = {k: v for k, v in params.items() if v is not None}
+    if doc_id in (".", ".."):
+        return "/document?" + urlencode({"id": doc_id, **q})
+    return "/documents/" + quote(doc_id, safe="") + ("?" + urlencode(q) if q else "")
 
 
 def highlight(text: str, spans: list[tuple[int, int]], current: tuple[int, int] | None
@@ -57,6 +69,9 @@ def _span(start: int | None, end: int | None, length: int) -> tuple[int, int] | 
 def routes(server: Server, templates: Jinja2Templates) -> list[Route]:
     db = server.db
     s = server.settings
+    templates.env.filters["doc_href"] = doc_href
+    # meta as its JSON, characters as themselves (tojson escapes them for a <script>)
+    templates.env.filters["json_text"] = lambda v: json_text(v, indent=1)
 
     def render(request: Request, name: str, **ctx: Any):
         return templates.TemplateResponse(request, name, {"page": name.split(".")[0],
@@ -86,8 +101,11 @@ def routes(server: Server, templates: Jinja2Templates) -> list[Route]:
                       versions=vs)
 
     async def document(request: Request):
-        doc_id = request.path_params["doc_id"]
         p = request.query_params
+        doc_id = request.path_params.get("doc_id", p.get("id"))
+        if doc_id is None:
+            raise ApiError(400, "BadRequest", "name the document: /documents/ID or "
+                           "/document?id=ID")
         start, end = _int(p.get("start")), _int(p.get("end"))
         phrase = (p.get("phrase") or "")[:s.max_query]
 
@@ -124,4 +142,5 @@ def routes(server: Server, templates: Jinja2Templates) -> list[Route]:
                       a=p.get("a", ""), b=p.get("b", ""))
 
     return [Route("/", index), Route("/sql", sql_page), Route("/documents", documents),
-            Route("/documents/{doc_id:path}", document), Route("/versions", versions)]
+            Route("/documents/{doc_id:path}", document), Route("/document", document),
+            Route("/versions", versions)]

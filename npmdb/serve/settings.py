@@ -8,9 +8,20 @@ from dataclasses import dataclass, fields
 
 from ..errors import ProgrammingError
 
-__all__ = ["Settings", "MAX_OFFSET"]
+__all__ = ["Settings", "MAX_OFFSET", "check_token"]
 
 MAX_OFFSET = 1_000_000  # the furthest offset GET /api/documents (and /documents) pages to
+
+
+def check_token(token: str) -> None:
+    """An access token that a request can carry: visible ASCII (an HTTP header is read as
+    latin-1 and a cookie's value must be ASCII, so another character could never match),
+    with no white space at its ends (a header's value loses it)."""
+    if not isinstance(token, str) or not token.strip() or token != token.strip() \
+            or not (token.isascii() and token.isprintable()):
+        raise ProgrammingError("the access token must be printable ASCII text without white "
+                               f"space at its ends, got {token!r:.20}…: pick another (e.g. "
+                               "python -c 'import secrets; print(secrets.token_urlsafe())')")
 
 
 @dataclass(frozen=True)
@@ -33,8 +44,14 @@ class Settings:
     threads: int = 4                  # requests executing at once; the rest wait
     shards: int | None = None         # sharded search over this many shards (read-only)
     engine: str = "ray"               # where the shards run ('ray' | 'local')
+    local_only: bool = False          # answer only requests addressed to localhost,
+                                      # 127.0.0.1 or [::1] (npmdb serve without a token:
+                                      # a page that points its name at 127.0.0.1 by DNS
+                                      # rebinding could read everything)
 
     def __post_init__(self) -> None:
+        if self.token is not None:
+            check_token(self.token)
         t = self.time_limit
         if isinstance(t, bool) or not isinstance(t, numbers.Real) or not (
                 math.isfinite(t) and t > 0):

@@ -35,13 +35,17 @@ function readOptions(form) {
   const f = new FormData(form);
   const opts = {query: f.get("query"), retrieval: f.get("retrieval"), mode: f.get("mode"),
                 exact: form.elements.exact.checked};
-  for (const name of ["top", "k", "blocks", "max_len"]) if (f.get(name)) opts[name] = parseInt(f.get(name), 10);
+  // Number, not parseInt: the form accepts 1e1 as ten (parseInt read it as 1); a
+  // fraction reaches the API, which says what it takes
+  for (const name of ["top", "k", "blocks", "max_len"]) if (f.get(name)) opts[name] = Number(f.get(name));
   if (f.get("tau")) opts.tau = parseFloat(f.get("tau"));
   return opts;
 }
 
 function docLink(ev, version, phrase) {
+  // the id as one path segment; "." and ".." (which a browser drops from any path) as ?id=
   const q = new URLSearchParams({version: version, start: ev.start, end: ev.end, phrase: phrase});
+  if (ev.doc_id === "." || ev.doc_id === "..") return "/document?" + new URLSearchParams({id: ev.doc_id}) + "&" + q;
   return "/documents/" + encodeURIComponent(ev.doc_id) + "?" + q.toString();
 }
 
@@ -93,8 +97,10 @@ function initQuery() {
   const form = document.getElementById("ask");
   const status = document.getElementById("status");
   const results = document.getElementById("results");
+  let latest = 0;  // a response to an earlier submit never replaces a later one's
   form.addEventListener("submit", async (ev) => {
     ev.preventDefault();
+    const mine = ++latest;
     const opts = readOptions(form);
     const versions = [form.elements.version.value, form.elements.compare.value].filter((v, i) => i === 0 || v);
     status.textContent = "running…";
@@ -105,14 +111,18 @@ function initQuery() {
         if (v) o.version = /^\d+$/.test(v) ? parseInt(v, 10) : v;
         return api("/api/fill_mask", o);
       }));
+      if (mine !== latest) return;
       results.replaceChildren(...answers.map(renderAnswers));
       results.classList.toggle("compare", answers.length > 1);
       renderPlan(answers[0]);
       status.textContent = "done";
       status.className = "done";
     } catch (err) {
+      if (mine !== latest) return;
       showError(status, err);
       status.className = "failed";
+      results.replaceChildren();  // the answers of the query before are not this one's
+      document.getElementById("plan-section").hidden = true;
     }
   });
 }
@@ -135,16 +145,20 @@ function initSql() {
   const status = document.getElementById("status");
   const errBox = document.getElementById("sql-error");
   const out = document.getElementById("sql-result");
+  let latest = 0;  // a response to an earlier run never replaces a later one's
   const run = async () => {
+    const mine = ++latest;
     status.textContent = "running…";
     errBox.hidden = true;
     try {
       const data = await api("/api/sql", {query: text.value});
+      if (mine !== latest) return;
       // the API says which results are EXPLAIN's; a column merely named "plan" is data
       out.replaceChildren(data.explain === true ? el("pre", {}, data.plan) : renderTable(data));
       status.textContent = data.rows.length + " rows · " + data.ms.toFixed(1) + " ms" +
         (data.version !== null ? " · version " + data.version : "") + (data.truncated ? " (cut)" : "");
     } catch (err) {
+      if (mine !== latest) return;
       // a network failure rejects fetch with a TypeError that has no .info
       errBox.textContent = (err.info && err.info.type ? err.info.type + ": " : "") + err.message;
       errBox.hidden = false;
