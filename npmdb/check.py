@@ -112,7 +112,7 @@ class _Checker:
         try:
             return F.unpack(raw)
         except Error as exc:
-            self.err(where, str(exc))
+            self.err(where, _finding(exc))
             return None
 
     def meta_id(self, meta: dict, key: str, default: int | None) -> int | None:
@@ -209,9 +209,11 @@ class _Checker:
                 if s >= next_seg:
                     self.warn(f"segment {s}", "recorded at or past next_segment")
                 self.segment(txn, s, rec, needed.get(s, set()), config, next_gen)
-            self.stray_vectors(txn, records, next_gen)
-            self.stray_columns(txn, records, next_seg)
-        self.directories(records, gens, next_seg, next_gen)
+            self.trained_state(meta, records)
+            named = {s for m in versions.values() for s in m.segments}
+            self.stray_vectors(txn, records, next_gen, named)
+            self.stray_columns(txn, records, named)
+        self.directories(records, gens, named)
         self.encoders(gens)
         self.report.seconds = time.perf_counter() - t0
         return self.report
@@ -228,10 +230,10 @@ class _Checker:
                 self.err(where, f"column {name!r} is missing")
                 continue
             try:
-                cols[name] = F.unpack_array(raw, verify=True, what=f"{where} column {name!r}")
+                cols[name] = F.unpack_array(raw, verify=True, what=f"column {name!r}")
                 self.counts["arrays"] += 1
             except Error as exc:
-                self.err(where, str(exc))
+                self.err(where, _finding(exc))
         n_docs = rec.docs
         n_tok = None
         if len(cols) == len(COLUMNS):
@@ -241,7 +243,7 @@ class _Checker:
         try:
             crcs = read_doc_crcs(txn, self.dbs, s)
         except Error as exc:
-            self.err(where, str(exc))
+            self.err(where, _finding(exc))
         if crcs is None:
             self.warn(where, "no document checksums recorded yet (the next writer records them)")
         elif len(crcs) != n_docs:
@@ -277,38 +279,41 @@ class _Checker:
             ok_tok = good[doc_of_tok]
             if (cols["offsets"][ok_tok, 1] > text_len[doc_of_tok[ok_tok]]).any():
                 self.err(where, "token offsets point past the end of their document's text")
-        # vectors (codec-agnostic: one row per token, the same width in every chunk)
-        if n_tok is not None:
-            rows_per = rec.chunk
-            n_chunks = (n_tok + rows_per - 1) // rows_per
-            fixed = C.CODECS.get(rec.codec)  # a stateless codec: its row size is known
-            row_bytes = None if fixed is None else fixed.bytes_per_vector(rec.dim)
-            for g in sorted(gens):
-                width = None
-                for ch in range(n_chunks):
-                    raw = txn.get(F.vec_key(g, s, ch), db=self.dbs["vectors"])
-                    w = f"{where} vectors g{g} chunk {ch}"
-                    if raw is None:
-                        self.err(where, f"vector chunk {ch} of generation {g} is missing")
-                        continue
-                    try:
-                        arr = F.unpack_array(raw, verify=self.deep, what=w)
-                    except Error as exc:
-                        self.err(where, str(exc))
-                        continue
-                    self.counts["vector_chunks"] += 1
-                    rows = min(rows_per, n_tok - ch * rows_per)
-                    if width is None:
-                        width = arr.shape[1:]
-                        got = arr.dtype.itemsize * int(np.prod(width))
-                        if row_bytes is not None and got != row_bytes:
-                            self.err(where, f"vectors of generation {g} are {got} bytes a "
-                                            f"token where {rec.codec} at the segment's "
-                                            f"{rec.dim} dimensions stores {row_bytes}: "
-                                            "vectors of another width were written")
-                    if arr.shape != (rows, *width):
-                        self.err(where, f"vector chunk {ch} of generation {g} has shape "
-                                        f"{arr.shape}, expected {(rows, *width)}")
+        # vectors (codec-agnostic: one row per token, the same width in every chunk); with
+        # damaged columns, as many as the record counts (a damaged column must not hide a
+        # damaged vector chunk)
+        if n_tok is None:
+            n_tok = int(rec.tokens)
+        rows_per = rec.chunk
+        n_chunks = (n_tok + rows_per - 1) // rows_per
+        fixed = C.CODECS.get(rec.codec)  # a stateless codec: its row size is known
+        row_bytes = None if fixed is None else fixed.bytes_per_vector(rec.dim)
+        for g in sorted(gens):
+            width = None
+            for ch in range(n_chunks):
+                raw = txn.get(F.vec_key(g, s, ch), db=self.dbs["vectors"])
+                w = f"vector chunk {ch} of generation {g}"
+                if raw is None:
+                    self.err(where, f"vector chunk {ch} of generation {g} is missing")
+                    continue
+                try:
+                    arr = F.unpack_array(raw, verify=self.deep, what=w)
+                except Error as exc:
+                    self.err(where, _finding(exc))
+                    continue
+                self.counts["vector_chunks"] += 1
+                rows = min(rows_per, n_tok - ch * rows_per)
+                if width is None:
+                    width = arr.shape[1:]
+                    got = arr.dtype.itemsize * int(np.prod(width))
+                    if row_bytes is not None and got != row_bytes:
+                        self.err(where, f"vectors of generation {g} are {got} bytes a "
+                                        f"token where {rec.codec} at the segment's "
+                                        f"{rec.dim} dimensions stores {row_bytes}: "
+                                        "vectors of another width were written")
+                if arr.shape != (rows, *width):
+                    self.err(where, f"vector chunk {ch} of generation {g} has shape "
+                                    f"{arr.shape}, expected {(rows, *width)}")
         self.files(s, rec, gens, next_gen, txn)
 
     def columns(self, where: str, cols: dict, rec: F.SegmentRecord, n_docs: int) -> int | None:
@@ -371,26 +376,54 @@ class _Checker:
                 try:
                     validate_hnsw(p)
                 except Error as exc:
-                    self.err(where, str(exc))
+                    self.err(where, _finding(exc))
 
-    def stray_vectors(self, txn, records: dict, next_gen: int) -> None:
+    def trained_state(self, meta: dict, records: dict) -> None:
+        """The states trained once and shared by later segments: each PQ codec's centroids
+        (checksum, and the hash its name carries) and each generation's IVF template
+        (checksum, and that FAISS reads it; a generation's first small segment is flat, with
+        no template yet); and that every codec state a segment or the database names is
+        there. A damaged one failed every query, or coded new segments against
+        untrained lists, while check said OK."""
+        from npmdb.storage import ivf
+
+        for key, value in meta.items():
+            if key.startswith("codec:"):
+                try:
+                    C.PQCodec.from_state(key[6:], value)
+                except Exception as exc:  # noqa: BLE001 - a damaged state is a finding
+                    self.err(f"meta {key}", _finding(exc))
+            elif re.fullmatch(r"ivf:g\d+", key):
+                try:
+                    ivf.template_nlist(ivf.template_of(value, int(key[5:])))
+                except Exception as exc:  # noqa: BLE001
+                    self.err(f"meta {key}", _finding(exc))
+        current = meta.get(C.CODEC_STATE_KEY)
+        if current is not None and f"codec:{current}" not in meta:
+            self.err("meta", f"the current codec {current!r} has no trained state")
+        for s, rec in sorted(records.items()):
+            if C.is_stateful(rec.codec) and ":" in rec.codec and \
+                    f"codec:{rec.codec}" not in meta:
+                self.err(f"segment {s}", f"its codec {rec.codec!r} has no trained state")
+
+    def stray_vectors(self, txn, records: dict, next_gen: int, named: set[int]) -> None:
         stray: dict[tuple[int, int], int] = {}
         for k in txn.cursor(db=self.dbs["vectors"]).iternext(values=False):
             k = bytes(k)
             g, s = F.read_u32(k), F.read_u32(k, 4)
-            if s not in records or g >= next_gen:
+            if (s not in records and s not in named) or g >= next_gen:
                 stray[(g, s)] = stray.get((g, s), 0) + 1
         for (g, s), n in sorted(stray.items()):
             self.warn(f"segment {s}", f"{n} vector chunks of generation {g} that nothing "
                                       "references (left by a killed writer; the next writer "
                                       "removes them)")
 
-    def stray_columns(self, txn, records: dict, next_seg: int) -> None:
+    def stray_columns(self, txn, records: dict, named: set[int]) -> None:
         stray = set()
         for name in ("segcols", "docs"):
             for k in txn.cursor(db=self.dbs[name]).iternext(values=False):
                 s = F.read_u32(bytes(k))
-                if s not in records:
+                if s not in records and s not in named:  # named: the versions' error above
                     stray.add(s)
         for s in sorted(stray):
             self.warn(f"segment {s}", "data of an uncommitted or removed segment (the next "
@@ -398,7 +431,7 @@ class _Checker:
 
     # -- directories ---------------------------------------------------------------------
 
-    def directories(self, records: dict, gens: dict, next_seg: int, next_gen: int) -> None:
+    def directories(self, records: dict, gens: dict, named: set[int]) -> None:
         root = self.root / "segments"
         if root.is_dir():
             for p in sorted(root.iterdir()):
@@ -407,7 +440,7 @@ class _Checker:
                     self.warn(f"segments/{name}", "a killed writer's temporary directory (the "
                                                   "next writer removes it)")
                 elif name.startswith("s") and name[1:].isdigit() and p.is_dir():
-                    if int(name[1:]) not in records:
+                    if int(name[1:]) not in records and int(name[1:]) not in named:
                         self.warn(f"segments/{name}", "a directory no segment record names "
                                                       "(the next writer or vacuum removes it)")
                 else:
@@ -460,3 +493,10 @@ def check(env: "Env", root: Path, *, deep: bool = True) -> CheckReport:
         checker.err("check", f"stopped at an unreadable record ({type(exc).__name__}: "
                              f"{exc}); the findings above are those made before it")
         return checker.report
+
+
+def _finding(exc: BaseException) -> str:
+    """An error's message as a finding of the report: without the advice to run `npmdb
+    check` that the same error gives a query (the report is that check)."""
+    text = re.sub(r"[;,:]?\s*\(?[Rr]un `npmdb check[^`]*`[^)]*\)?\s*$", "", str(exc))
+    return text.rstrip(" ;,:") or str(exc)

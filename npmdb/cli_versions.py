@@ -64,16 +64,16 @@ def cmd_restore(args) -> int:
     return 0
 
 
-def _change(args, verb: str, change, said) -> int:
+def _change(args, verb: str, change, said, *, kept: str = "") -> int:
     """Run ``change(db)`` (a new version, or none when nothing changed) and print what it
-    did: ``said(version, documents gained)``."""
+    did: ``said(version, documents gained)``; ``kept``: said too when nothing changed."""
     with _open(args) as db:
         head, before = db.version, db.count()
         vid = change(db)
         if vid is None:
-            print(f"nothing to {verb}: the database has no version yet")
+            print(f"nothing to {verb}: the database has no version yet{kept}")
         elif vid == head:
-            print(f"nothing to {verb}; version {vid} is unchanged")
+            print(f"nothing to {verb}; version {vid} is unchanged{kept}")
         else:
             print(said(vid, db.count() - before))
     return 0
@@ -109,9 +109,13 @@ def cmd_optimize(args) -> int:
     def optimize(db):
         segments.append(db.stats()["segments"])
         return db.optimize(message=args.message, index=args.index, codec=args.codec)
+    settings = ", ".join(f"--{k} {v}" for k, v in (("index", args.index),
+                                                    ("codec", args.codec)) if v is not None)
     return _change(args, "optimize", optimize,
                    lambda vid, _: f"optimized: version {vid} ({segments[0]} segments merged "
-                                  "into 1; deleted documents dropped)")
+                                  "into 1; deleted documents dropped)",
+                   kept=f" (its segments already are {settings}; new segments use it from "
+                        "now on)" if settings else "")
 
 
 def cmd_vacuum(args) -> int:

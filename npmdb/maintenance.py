@@ -136,7 +136,9 @@ def _merge(writer: "Writer", message: str, index: str | None, codec: str | None,
     if codec is None and writer.config.get("codec") != C.AUTO:
         codec = readers[0].record.codec
     target = writer.new_codec(int(head.stats.get("tokens", 0)), codec)
-    converts = (index is not None and any(r.record.dense != index for r in readers)) or \
+    # "auto" is what its rule picks for HEAD's size: a segment records the kind it has
+    kind = (IVF if _writes_ivf(writer, head) else "hnsw") if index == AUTO else index
+    converts = (kind is not None and any(r.record.dense != kind for r in readers)) or \
         any(not _same_codec(r.record.codec, target, r.record.dim) for r in readers)
     meta: dict[bytes, Any] = {}
     template = p = None
@@ -150,7 +152,7 @@ def _merge(writer: "Writer", message: str, index: str | None, codec: str | None,
         if p is not None and p.retrain:
             template = R.train_for(readers, txn, head.generation, writer.params.ivf,
                                    p.wanted, writer.progress)
-            meta[ivf.template_key(head.generation)] = template
+            meta[ivf.template_key(head.generation)] = ivf.template_value(template)
         if len(head.segments) <= 1 and not head.deleted and not converts and not meta:
             if changed:
                 writer.save_config()

@@ -21,7 +21,7 @@ from .env import Env
 from .integrity import DOCS_KEY, read_sums, seal_segment, segment_files
 from .paths import checkpoint_dir, dense_files, remove_dir, segment_dir
 
-__all__ = ["recover", "remove_segment", "empty_trash", "seal", "drop_unkept",
+__all__ = ["recover", "named_segments", "remove_segment", "empty_trash", "seal", "drop_unkept",
            "delete_segment_data"]
 
 
@@ -71,6 +71,11 @@ def _segments_with_data(txn, dbs) -> set[int]:
     return found
 
 
+def named_segments(txn, dbs) -> set[int]:
+    """The segments some version's manifest reads."""
+    return {s for m in V.list_versions(txn, dbs) for s in m.segments}
+
+
 def recover(env: Env, root: Path) -> None:
     """Remove what a killed writer left: segments no record names (their LMDB data and
     directories), temporary directories, and the vectors, index files and checkpoints of
@@ -111,6 +116,11 @@ def recover(env: Env, root: Path) -> None:
             g = p.name.split(".", 1)[0]
             if p.name.endswith(".tmp") or (g[1:].isdigit() and int(g[1:]) >= next_gen):
                 remove_dir(p)
+    if orphans:
+        # data a version names is never a killed writer's: a lost record (damage that
+        # `npmdb check` reports) must not become the loss of the segment's documents
+        with env.read() as txn:
+            orphans -= named_segments(txn, dbs)
     for seg in sorted(orphans):
         remove_segment(env, root, seg)
     empty_trash(env, root)

@@ -38,6 +38,7 @@ segment's token positions (FAISS ``IDSelectorBitmap``), so no side is over-fetch
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,8 @@ from npmdb.errors import OperationalError, ProgrammingError
 from .format import unpack
 from .paths import fsync_path
 
-__all__ = ["IvfParams", "IvfFile", "IvfSide", "MIN_TRAIN", "template_key", "train_template",
+__all__ = ["IvfParams", "IvfFile", "IvfSide", "MIN_TRAIN", "template_key", "template_value",
+           "template_of", "train_template",
            "build_ivf", "Entries", "Coder", "BackgroundCoder", "load_template",
            "check_ivf_params", "side_bitmap", "IVF_FILE", "read_template", "probe_count",
            "corpus_nlist", "trainable_nlist", "outgrown", "template_nlist", "RETRAIN_FACTOR",
@@ -198,19 +200,29 @@ def train_template(sample: np.ndarray, params: IvfParams, threads: int | None = 
     return bytes(faiss.serialize_index(index))
 
 
+def _deserialize(template: bytes):
+    """The FAISS index of a serialised template (FAISS's own error on bytes it cannot read:
+    an OperationalError)."""
+    import faiss
+
+    try:
+        return faiss.deserialize_index(np.frombuffer(template, dtype=np.uint8))
+    except RuntimeError as exc:
+        raise OperationalError(f"the IVF template cannot be read ({str(exc)[:200]}): run "
+                               "`npmdb check`, then restore the database from a backup"
+                               ) from None
+
+
 def template_nlist(template: bytes) -> int:
     """The lists of a serialised template."""
     import faiss
 
-    index = faiss.deserialize_index(np.frombuffer(template, dtype=np.uint8))
-    return int(faiss.extract_index_ivf(index).nlist)
+    return int(faiss.extract_index_ivf(_deserialize(template)).nlist)
 
 
 def load_template(template: bytes, dim: int):
     """The trained, empty FAISS index ``template`` holds (checked against ``dim``)."""
-    import faiss
-
-    index = faiss.deserialize_index(np.frombuffer(template, dtype=np.uint8))
+    index = _deserialize(template)
     if index.d != dim:
         raise OperationalError(f"the IVF template has dimension {index.d}, the vectors "
                                f"{dim}: the database is inconsistent")
@@ -588,8 +600,32 @@ class IvfSide:
         return labels[0][keep].astype(np.int64), scores[0][keep].astype(np.float32)
 
 
+def template_value(template: bytes) -> dict:
+    """What the ``meta`` table stores for a template: its bytes and their CRC-32 (a
+    damaged template either failed inside FAISS or, damaged in its centroids, coded every
+    later segment against lists that were never trained)."""
+    return {"template": bytes(template), "crc": zlib.crc32(template)}
+
+
+def template_of(value: Any, gen: int) -> bytes:
+    """The template bytes of a stored :func:`template_value` (checked), or of a bare
+    template, as databases written before the checksum stored it."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if not (isinstance(value, dict) and isinstance(value.get("template"), bytes)):
+        raise OperationalError(f"the IVF template of generation {gen} is damaged (not a "
+                               "template): run `npmdb check`, then restore the database "
+                               "from a backup")
+    if zlib.crc32(value["template"]) != value.get("crc"):
+        raise OperationalError(f"the IVF template of generation {gen} is damaged (checksum "
+                               "mismatch): run `npmdb check`, then restore the database "
+                               "from a backup")
+    return value["template"]
+
+
 def read_template(env, gen: int) -> bytes | None:
-    """Generation ``gen``'s trained template, or None before the first is trained."""
+    """Generation ``gen``'s trained template (its checksum checked), or None before the
+    first is trained."""
     with env.read() as txn:
         raw = txn.get(template_key(gen), db=env.dbs["meta"])
-    return bytes(unpack(raw)) if raw is not None else None
+    return template_of(unpack(raw), gen) if raw is not None else None

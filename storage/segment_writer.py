@@ -393,7 +393,7 @@ class SegmentWriter:
         if len(vecs) < ivf.MIN_TRAIN:
             return None
         template = ivf.train_template(vecs, self.params.ivf)
-        self.env.write(lambda txn: txn.put(ivf.template_key(self.gen), F.pack(template),
+        self.env.write(lambda txn: txn.put(ivf.template_key(self.gen), F.pack(ivf.template_value(template)),
                                            db=self.env.dbs["meta"]))
         return template
 

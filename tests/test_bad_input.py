@@ -11,6 +11,7 @@ import sys
 import zlib
 from pathlib import Path
 
+import lmdb
 import numpy as np
 import pytest
 
@@ -477,9 +478,19 @@ def test_a_flipped_byte_in_a_vector_value_is_detected_not_answered_from(damaged)
                                                          r".*npmdb check"):
             d.fill_mask(Q, exact=True)
         rep = d.check()
-        assert not rep.ok and any("vectors g0 chunk 0" in p.message for p in rep.errors), rep
+        assert not rep.ok and any("vector chunk 0 of generation 0" in p.message
+                                  for p in rep.errors), rep
     code, out = _check_cli(damaged)
     assert code == 1 and "DAMAGED" in out and "chunk 0" in out, out
+    # a damaged token column too: the vector chunk is still reported (it was not looked
+    # at), and each finding says its segment once, without "run `npmdb check`"
+    raw = _raw(damaged, "segcols", SF.col_key(1, "tokens"))
+    _flip_in_mdb(damaged, raw, len(raw) - 3)
+    with npmdb.open(damaged, readonly=True, progress=False) as d:
+        found = [p.message for p in d.check().errors if p.where == "segment 1"]
+    assert any("column 'tokens'" in m for m in found), found
+    assert any("vector chunk 0 of generation 0" in m for m in found), found
+    assert not any("segment 1" in m or "npmdb check" in m for m in found), found
 
 
 def test_a_flipped_byte_in_a_document_is_detected(damaged):
@@ -551,6 +562,33 @@ def test_leftovers_in_the_directory_are_listed_then_removed_by_the_next_writer(d
     with npmdb.open(damaged, progress=False) as d:  # a writer open recovers
         assert d.check().clean
         assert d.fill_mask(Q, top=1, retrieval="dense").answers
+
+
+def test_a_lost_segment_record_never_makes_a_writer_delete_the_segment(damaged):
+    """With one segment's record lost (its data and directory intact, every version naming
+    it), check reports the damage and opening a writer used to remove the segment's
+    documents, vectors and files as a killed writer's leftovers: lost for good."""
+    with npmdb.open(damaged, readonly=True, progress=False) as d:
+        with d.env.read() as t:
+            seg = max(SF.read_u32(bytes(k)) for k in
+                      t.cursor(db=d.env.dbs["segments"]).iternext(values=False))
+            docs = sum(1 for k in t.cursor(db=d.env.dbs["docs"]).iternext(values=False)
+                       if SF.read_u32(bytes(k)) == seg)
+    assert docs
+    env = lmdb.open(str(damaged), max_dbs=64)
+    with env.begin(write=True, db=env.open_db(b"segments")) as t:
+        assert t.delete(SF.u32(seg))
+    env.close()
+    code, out = _check_cli(damaged)
+    assert code == 1 and f"reads segment {seg}, which is not recorded" in out, out
+    assert "removes" not in out, out          # it is not a leftover the writer may remove
+    with npmdb.open(damaged, progress=False):  # a writer's open (recovery) runs
+        pass
+    with npmdb.open(damaged, readonly=True, progress=False) as d:
+        with d.env.read() as t:
+            assert docs == sum(1 for k in t.cursor(db=d.env.dbs["docs"]).iternext(
+                values=False) if SF.read_u32(bytes(k)) == seg)
+    assert (damaged / "segments" / f"s{seg:06d}").is_dir()
 
 
 def test_a_healthy_database_checks_clean(db):

@@ -289,3 +289,27 @@ def test_a_codec_that_does_not_fit_the_encoder_is_refused_up_front(tmp_path, tin
         npmdb.open(path, codec="int8")
     with npmdb.open(path, codec="float16", progress=False) as db:  # the same: fine
         assert db.count() == 1
+
+
+def test_check_finds_a_damaged_pq_state(tmp_path, tiny_encoder, sample_corpus):
+    """The centroids of a trained codec were checked only when a query loaded them: every
+    query failed and sent the user to `npmdb check`, which said OK."""
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, codec="pq", progress=False) as db:
+        db.add(sample_corpus[:100])
+        with db.env.read() as txn:
+            key, raw = next((bytes(k), bytes(v)) for k, v in txn.cursor(db=db.env.dbs["meta"])
+                            if bytes(k).startswith(b"codec:"))
+        state = F.unpack(raw)
+        cents = bytearray(state["centroids"])
+        cents[-5] ^= 0x20
+        state["centroids"] = bytes(cents)
+        db.env.write(lambda txn: txn.put(key, F.pack(state), db=db.env.dbs["meta"]))
+    C._LOADED.clear()  # this process loaded the good state when it coded the vectors
+    with npmdb.open(tmp_path / "db", readonly=True, progress=False) as db:
+        rep = db.check()
+        assert not rep.ok and any(p.where == f"meta {key.decode()}" and "checksum" in p.message
+                                  for p in rep.errors), rep.problems
+        assert "run `npmdb check`" not in str(rep.problems)
+        # queries refuse it as before, and name the same damage
+        with pytest.raises(OperationalError):
+            db.fill_mask(QUERY, retrieval="dense")

@@ -252,6 +252,12 @@ def test_cli_update_delete_optimize_and_vacuum(tmp_path, tiny_encoder, capsys):
     assert "optimized: version 4 (2 segments merged into 1" in capsys.readouterr().out
     assert main(["optimize", db, "-q"]) == 0
     assert "nothing to optimize; version 4 is unchanged" in capsys.readouterr().out
+    # --index auto on a database whose segment is what auto picks: nothing rewritten (each
+    # call copied the whole segment into a new version)
+    for _ in range(2):
+        assert main(["optimize", db, "-q", "--index", "auto"]) == 0
+        assert "nothing to optimize; version 4 is unchanged (its segments already are " \
+            "--index auto" in capsys.readouterr().out
     assert main(["vacuum", db]) == 0
     assert "vacuum removed 3 versions" in capsys.readouterr().out
     assert main(["versions", db]) == 0

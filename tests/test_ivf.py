@@ -584,3 +584,52 @@ def test_optimize_merges_ivf_segments_by_copying_their_codes(ivf_path, tmp_path,
             np.testing.assert_array_equal(got.lists, want.lists)
             np.testing.assert_array_equal(got.codes, want.codes)
         assert db.check().ok
+
+
+def _set_meta(path: Path, key: bytes, value) -> None:
+    from npmdb.storage import format as F
+
+    with npmdb.open(path, progress=False) as db:
+        db.env.write(lambda txn: txn.put(key, F.pack(value), db=db.env.dbs["meta"]))
+
+
+def test_a_damaged_template_is_found_by_check_and_refused_by_the_next_add(ivf_path, tmp_path,
+                                                                          sample_corpus):
+    """The template had no checksum and check never read it: a flipped header byte made
+    the next add FAISS's RuntimeError, one in the centroids coded new segments against
+    lists never trained, and check said OK both times."""
+    import shutil
+
+    good = _template(ivf_path)
+    for at, what in ((40, "header"), (len(good) // 2, "centroids")):
+        dst = tmp_path / what
+        shutil.copytree(ivf_path, dst)
+        bad = bytearray(good)
+        bad[at] ^= 0x20
+        _set_meta(dst, I.template_key(0), {"template": bytes(bad), "crc": I.template_value(
+            good)["crc"]})
+        with npmdb.open(dst, readonly=True, progress=False) as db:
+            rep = db.check()
+        assert not rep.ok and any("ivf:g0" in p.where and "checksum" in p.message
+                                  for p in rep.errors), rep.problems
+        with npmdb.open(dst, progress=False) as db:
+            before = db.version
+            with pytest.raises(npmdb.OperationalError, match="IVF template of generation 0 "
+                                                             "is damaged"):
+                db.add(sample_corpus[2300:2400])
+            assert db.version == before
+
+
+def test_a_template_stored_without_its_checksum_still_reads(ivf_path, tmp_path, sample_corpus):
+    """Databases written before the checksum stored the template's bytes alone."""
+    import shutil
+
+    dst = tmp_path / "db"
+    shutil.copytree(ivf_path, dst)
+    _set_meta(dst, I.template_key(0), _template(ivf_path))   # the old form: bare bytes
+    with npmdb.open(dst, progress=False) as db:
+        assert db.check().ok
+        db.add(sample_corpus[2300:2400])
+        assert db.check().ok and _template(dst) == _template(ivf_path)
+    with pytest.raises(npmdb.OperationalError, match="cannot be read"):
+        I.template_nlist(b"\0" * 64)   # FAISS's own error on bytes it cannot read
