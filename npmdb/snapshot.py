@@ -135,14 +135,19 @@ class Snapshot:
             # the predicate is part of the key: two filters may share a description (the
             # query language reuses one DocFilter per predicate text, so its masks still hit)
             key = (seg.seg, self.doc_filter.describe, self.doc_filter.predicate)
-            fmask = self._filter_cache.get(key)
-            if fmask is None:
-                pred = self.doc_filter.predicate
-                fmask = np.fromiter((bool(pred(seg.doc(self.txn, i))) for i in range(n_docs)),
-                                    dtype=bool, count=n_docs)
+            hit = self._filter_cache.get(key)
+            if hit is None:
                 if len(self._filter_cache) > 64:
                     self._filter_cache.clear()
-                self._filter_cache[key] = fmask
+                hit = self._filter_cache[key] = (np.zeros(n_docs, dtype=bool),
+                                                 np.zeros(n_docs, dtype=bool))
+            fmask, known = hit
+            # only live documents are asked: a deleted one is no row (its meta, fixed by
+            # an update, could make the statement fail for good)
+            pred = self.doc_filter.predicate
+            for i in np.flatnonzero(~known if mask is None else (mask & ~known)).tolist():
+                fmask[i] = bool(pred(seg.doc(self.txn, i)))
+                known[i] = True
             mask = fmask.copy() if mask is None else (mask & fmask)
         self._allowed[si] = mask
         return mask

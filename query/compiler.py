@@ -29,7 +29,7 @@ from .operators import BM25Blocks
 from .physical import Answers, Operator
 from .plan import Plan
 from .planner import classify_prior, plan_classify, plan_masked
-from .printer import expr_to_sql
+from .printer import expr_to_sql, one_line
 from .rows import (
     BlockRows, EvidenceRows, FilterRows, LimitRows, OrderRows, Project, ScanDocuments,
 )
@@ -42,7 +42,7 @@ __all__ = ["Compiled", "compile_plan", "show", "format_explain"]
 # ================================================================ expressions
 
 def _describe(e: A.Expr) -> str:
-    return expr_to_sql(e)
+    return one_line(expr_to_sql(e))
 
 
 def _doc_filter(e: A.Expr, text: str) -> DocFilter:
@@ -165,8 +165,9 @@ def _row_ops(nodes: list[L.Node], text: str) -> list[Operator]:
         if isinstance(n, L.Filter) and n.level == "row":
             ops.append(FilterRows(_describe(n.condition), compile_condition(n.condition, text)))
         elif isinstance(n, L.Order) and n.level == "row":
-            ops.append(OrderRows(tuple((_describe(k.expr), compile_expr(k.expr, text), k.descending)
-                                       for k in n.keys)))
+            ops.append(OrderRows(tuple((_describe(k.expr), compile_expr(k.expr, text),
+                                        k.descending, getattr(k.expr, "pos", None) or 0)
+                                       for k in n.keys), text))
         elif isinstance(n, L.Limit) and n.level == "row":
             ops.append(LimitRows(n.count, n.offset))
     return ops

@@ -16,6 +16,7 @@ from __future__ import annotations
 import decimal
 import math
 from functools import lru_cache
+from numbers import Integral
 from typing import Any, Callable
 
 from npmdb.errors import ProgrammingError, QueryDataError
@@ -49,7 +50,8 @@ def _is_num(v: Any) -> bool:
     return isinstance(v, (int, float))  # bool is an int: TRUE = 1
 
 
-def _kind(v: Any) -> str:
+def kind_of(v: Any) -> str:
+    """A value's type as the language names it (boolean, number, text, or Python's)."""
     if isinstance(v, bool):
         return "boolean"
     if _is_num(v):
@@ -138,7 +140,7 @@ class _ExprCompiler:
     def truth(self, v: Any, node: Any) -> bool | None:
         if v is None or isinstance(v, bool):
             return v
-        raise self.bad(node, f"expected a condition (TRUE, FALSE or NULL), got {_kind(v)} "
+        raise self.bad(node, f"expected a condition (TRUE, FALSE or NULL), got {kind_of(v)} "
                               f"{v!r:.60} from {expr_to_sql(node):.80}")
 
     def compile(self, e: A.Expr) -> Callable[[Row], Any]:
@@ -182,7 +184,7 @@ class _ExprCompiler:
             if v is None:
                 return None
             if not _is_num(v):
-                raise self.bad(e, f"'-' needs a number, got {_kind(v)} {v!r:.60}")
+                raise self.bad(e, f"'-' needs a number, got {kind_of(v)} {v!r:.60}")
             return self.checked(-v, e)
         return neg
 
@@ -210,7 +212,7 @@ class _ExprCompiler:
             eq = same and a == b
             return eq if op == "=" else not eq
         if not ((_is_num(a) and _is_num(b)) or (isinstance(a, str) and isinstance(b, str))):
-            raise self.bad(node, f"cannot compare {_kind(a)} with {_kind(b)}: "
+            raise self.bad(node, f"cannot compare {kind_of(a)} with {kind_of(b)}: "
                                  f"{a!r:.40} {op} {b!r:.40}; a field that holds values of "
                                  "different types needs one type (db.update), or a test "
                                  "of each")
@@ -233,12 +235,18 @@ class _ExprCompiler:
             if a is None or b is None:
                 return None
             if not (_is_num(a) and _is_num(b)):
-                raise self.bad(e, f"{op} needs numbers, got {_kind(a)} and {_kind(b)}")
+                raise self.bad(e, f"{op} needs numbers, got {kind_of(a)} and {kind_of(b)}")
             if op == "/" and b == 0:
                 return None  # division by zero is NULL, as in SQLite
             try:
-                v = a + b if op == "+" else a - b if op == "-" else a * b if op == "*" \
-                    else a / b
+                if op == "/" and isinstance(a, Integral) and isinstance(b, Integral):
+                    # integers divide to an integer, truncated toward zero (as in SQLite
+                    # and PostgreSQL; a float quotient lost 64-bit values)
+                    q = abs(int(a)) // abs(int(b))
+                    v = -q if (a < 0) != (b < 0) else q
+                else:
+                    v = a + b if op == "+" else a - b if op == "-" else a * b \
+                        if op == "*" else a / b
             except OverflowError:
                 raise self.bad(e, f"number out of range from {expr_to_sql(e):.80}") from None
             return self.checked(v, e)
@@ -253,11 +261,13 @@ class _ExprCompiler:
             if v is None or p is None:
                 return None
             if not isinstance(p, str):
-                raise self.bad(e.pattern, f"LIKE needs a text pattern, got {_kind(p)}")
-            if _is_num(v):
+                raise self.bad(e.pattern, f"LIKE needs a text pattern, got {kind_of(p)}")
+            if isinstance(v, bool):  # a boolean is the integer 1 or 0 (TRUE = 1), as in =
+                v = str(int(v))
+            elif _is_num(v):
                 v = str(v)
             if not isinstance(v, str):
-                raise self.bad(e.expr, f"LIKE needs text, got {_kind(v)}")
+                raise self.bad(e.expr, f"LIKE needs text, got {kind_of(v)}")
             return like(p)(v) != neg
         return like_
 
@@ -325,12 +335,12 @@ class _ExprCompiler:
 
     def _text(self, e: A.Call, v: Any) -> str:
         if not isinstance(v, str):
-            raise self.bad(e, f"{e.name}() takes text, got {_kind(v)} {v!r:.40}")
+            raise self.bad(e, f"{e.name}() takes text, got {kind_of(v)} {v!r:.40}")
         return v
 
     def _num(self, e: A.Call, v: Any) -> Any:
         if not _is_num(v):
-            raise self.bad(e, f"{e.name}() takes a number, got {_kind(v)} {v!r:.40}")
+            raise self.bad(e, f"{e.name}() takes a number, got {kind_of(v)} {v!r:.40}")
         return v
 
     def f_length(self, e: A.Call, a: list) -> Any:

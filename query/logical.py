@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from . import ast as A
 from .lexer import quote_string
-from .printer import expr_to_sql
+from .printer import expr_to_sql, one_line
 from .spec import MaskedSpec
 
 __all__ = [
@@ -105,7 +105,7 @@ class Retrieve(Node):
             if self.bm25_question:
                 parts.append("bm25_question=true")
         if self.query:
-            parts.append("query=" + _one_line(quote_string(self.query)))
+            parts.append("query=" + one_line(quote_string(self.query)))
         if self.version is not None:
             parts.append(f"as_of={self.version!r}")
         if self.doc_filter is not None:
@@ -170,7 +170,7 @@ class Classify(Node):
 
     def detail(self) -> str:
         labels = ", ".join(f"{n}: [{', '.join(quote_string(w) for w in ws)}]" for n, ws in self.labels)
-        return _one_line(f"labels={{{labels}}}, tau={self.tau}"
+        return one_line(f"labels={{{labels}}}, tau={self.tau}"
                          + (", calibrate=true" if self.calibrate else ""))
 
 
@@ -321,11 +321,7 @@ def _b(v: bool) -> str:
 
 
 def _sql(e: A.Expr) -> str:
-    return _one_line(expr_to_sql(e))
-
-
-def _one_line(s: str) -> str:
-    return s.replace("\r\n", "\\n").replace("\n", "\\n").replace("\r", "\\r")
+    return one_line(expr_to_sql(e))
 
 
 # ================================================================ scopes

@@ -13,8 +13,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from npmdb.errors import DataError
+from npmdb.errors import QueryDataError
 
+from .evaluate import kind_of
+from .lexer import error_at
 from .surfaces import locate, snippet
 from .tail import best_first
 from .physical import Answers, BlockHits, ExecState, Operator, Projection, Rows, _fmt
@@ -147,18 +149,19 @@ class FilterRows(Operator):
 
 @dataclass(frozen=True)
 class OrderRows(Operator):
-    """Sort rows by ``keys``: (describe, key function, descending); NULLs (and NaN) sort
-    last."""
+    """Sort rows by ``keys``: (describe, key function, descending, the key's offset in
+    ``text``, the statement); NULLs (and NaN) sort last."""
 
     keys: tuple = ()
+    text: str = field(default="", compare=False, repr=False)
     children: tuple = ()
 
     def detail(self) -> str:
-        return ", ".join(f"{d} {'DESC' if desc else 'ASC'}" for d, _, desc in self.keys)
+        return ", ".join(f"{d} {'DESC' if desc else 'ASC'}" for d, _, desc, _ in self.keys)
 
     def run(self, st: ExecState) -> Rows:
         rows = st.input(self, Rows).rows
-        for describe, fn, desc in reversed(self.keys):
+        for describe, fn, desc, pos in reversed(self.keys):
             values = [fn(r) for r in rows]
             # NaN (a DataFrame's missing number) has no order: it sorts with the NULLs
             # (compared as a number it left the rows unsorted, with no error)
@@ -168,13 +171,25 @@ class OrderRows(Operator):
             try:
                 present.sort(key=lambda i: values[i], reverse=desc)
             except TypeError:
-                kinds = sorted({type(values[i]).__name__ for i in present})
-                raise DataError(f"ORDER BY {describe}: cannot sort values of different types "
-                                f"({', '.join(kinds)}); a field that holds values of "
-                                "different types needs one type (db.update), or ORDER BY an "
-                                "expression of one type") from None
+                raise error_at(self.text, pos, _unsortable(describe, values, present, rows),
+                               cls=QueryDataError) from None
             rows = [rows[i] for i in present + missing]
         return Rows(rows)
+
+
+def _unsortable(describe: str, values: list, present: list[int], rows: list[dict]) -> str:
+    """Why ``values`` cannot be sorted, naming a document that holds each kind."""
+    first: dict[str, int] = {}
+    for i in present:
+        first.setdefault(kind_of(values[i]), i)
+    where = ", ".join(f"{k} in document {rows[i].get('doc.id')!r}"
+                      for k, i in first.items())
+    if len(first) == 1:  # one kind that has no order (objects)
+        return (f"ORDER BY {describe}: values of type {next(iter(first))} have no order "
+                f"({where}); ORDER BY a field inside them")
+    return (f"ORDER BY {describe}: cannot sort values of different types ({where}); a "
+            "field that holds values of different types needs one type (db.update), or "
+            "ORDER BY an expression of one type")
 
 
 @dataclass(frozen=True)

@@ -680,8 +680,11 @@ def test_runtime_type_errors_are_data_errors_naming_the_row(new_db):
         new_db.sql("SELECT id FROM DOCUMENTS WHERE doc.meta.year > 1990")
     with pytest.raises(npmdb.DataError, match="expected a condition"):
         new_db.sql("SELECT id FROM DOCUMENTS WHERE doc.meta.year")
-    with pytest.raises(npmdb.DataError, match="cannot sort values of different types"):
+    # ORDER BY too: placed, naming a document of each type (it was a bare DataError)
+    with pytest.raises(npmdb.QueryDataError, match=r"cannot sort values of different types "
+                       r"\(text in document 'a', number in document 'b'\)") as err:
         new_db.sql("SELECT id FROM DOCUMENTS ORDER BY doc.meta.year")
+    assert err.value.column == len("SELECT id FROM DOCUMENTS ORDER BY ") + 1
     assert new_db.sql("SELECT id FROM DOCUMENTS WHERE doc.meta.year = 1999").rows == (("b",),)
     # the same condition in another statement: the error points into that statement
     other = "SELECT phrase FROM MASKED('Paris is a city in [MASK].') WHERE doc.meta.year > 1990"
@@ -691,6 +694,18 @@ def test_runtime_type_errors_are_data_errors_naming_the_row(new_db):
         assert statement in str(err.value)
         column = int(str(err.value).split(", column ")[1].split(")")[0])
         assert statement[column - 1:].startswith("doc.meta.year > 1990")
+    # a deleted or replaced document is no row: its old value fails no statement (the
+    # filter read every document of the segment, and the error outlived db.update)
+    new_db.update([{"id": "a", "text": "Paris is a city in France.", "meta": {"year": 1950}}])
+    assert new_db.sql("SELECT id FROM DOCUMENTS WHERE doc.meta.year > 1900 ORDER BY "
+                      "doc.meta.year").rows == (("a",), ("b",))
+    new_db.add([{"id": "c", "text": "Oslo.", "meta": {"year": {"old": True}}},
+                {"id": "d", "text": "Bergen.", "meta": {"year": {"old": False}}}])
+    with pytest.raises(npmdb.QueryDataError, match="values of type dict have no order"):
+        new_db.sql("SELECT id FROM DOCUMENTS WHERE id IN ('c', 'd') ORDER BY doc.meta.year")
+    new_db.delete(["c", "d"])
+    assert new_db.sql("SELECT id FROM DOCUMENTS WHERE doc.meta.year < 2000").rows == (
+        ("b",), ("a",))
 
 
 def test_to_arrow_takes_columns_of_mixed_types(new_db):
@@ -1131,3 +1146,27 @@ def test_to_pandas_keeps_whole_numbers_with_a_gap_exact(new_db):
     frame = new_db.sql("SELECT id, doc.meta.n FROM DOCUMENTS ORDER BY id").to_pandas()
     assert str(frame["doc.meta.n"].dtype) == "Int64"
     assert int(frame["doc.meta.n"][0]) == 2 ** 53 + 1 and frame["doc.meta.n"].isna()[1]
+
+
+def test_integer_division_like_on_booleans_and_one_line_plans(new_db):
+    """`/` of integers is an integer, truncated toward zero (a float quotient lost 64-bit
+    values); LIKE reads TRUE as 1, as `=` does (it read 'True'); a line break in a string
+    literal stays inside its EXPLAIN row (it split the operator's line in two)."""
+    new_db.add([{"id": "a", "text": "Paris.", "meta": {"n": 2 ** 63 - 1, "b": True}}])
+    row = new_db.sql("SELECT 7 / 2 AS a, -7 / 2 AS b, 7 / -2 AS c, 7 / 2.0 AS d, "
+                     "doc.meta.n / 1 = doc.meta.n AS e, 1 / 0 AS f, "
+                     "doc.meta.b LIKE '1' AS g, doc.meta.b LIKE 'true' AS h "
+                     "FROM DOCUMENTS").to_list()[0]
+    assert row == {"a": 3, "b": -3, "c": -3, "d": 3.5, "e": True, "f": None, "g": True,
+                   "h": False}
+    with pytest.raises(npmdb.QueryDataError, match="integer out of range"):
+        new_db.sql("SELECT -9223372036854775808 / -1 AS x FROM DOCUMENTS")
+    rows = {}
+    for brk in ("z", "\n", "\r\n", "\u2028", "\x85", "\x0b"):
+        for statement in ("EXPLAIN SELECT id FROM DOCUMENTS WHERE title = 'a{}b' ORDER BY id",
+                          "EXPLAIN SELECT phrase FROM MASKED('a{}b [MASK]') WHERE phrase LIKE "
+                          "'x{}y'"):
+            plan = new_db.sql(statement.replace("{}", brk)).rows
+            rows.setdefault(statement, set()).add(len(plan))
+    assert all(len(n) == 1 for n in rows.values()), rows
+
