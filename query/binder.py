@@ -497,11 +497,13 @@ class _Binder:
         if g is None:
             return None
         if self.source in ("SEARCH", "DOCUMENTS"):
-            self.fail(self.stmt, f"{self.source} rows cannot be grouped (GROUP BY works on "
-                                 "MASKED, TOKENS and EVIDENCE answers)")
+            self.fail(A.Name((g,), pos=self._group_by_pos()),
+                      f"{self.source} rows cannot be grouped (GROUP BY works on "
+                      "MASKED, TOKENS and EVIDENCE answers)")
         if self.source == "CLASSIFY":
             if g != "label":
-                self.fail(self.stmt, f"CLASSIFY answers are its labels: GROUP BY label, not {g}")
+                self.fail(A.Name((g,), pos=self._group_by_pos()),
+                          f"CLASSIFY answers are its labels: GROUP BY label, not {g}")
             return None
         keys = tuple(A.GROUP_KEYS) + tuple(k for k in GROUPS if k not in A.GROUP_KEYS)
         if g not in keys:

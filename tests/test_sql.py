@@ -1170,3 +1170,17 @@ def test_integer_division_like_on_booleans_and_one_line_plans(new_db):
             rows.setdefault(statement, set()).add(len(plan))
     assert all(len(n) == 1 for n in rows.values()), rows
 
+
+
+@pytest.mark.parametrize("statement, message", [
+    ("SELECT id FROM DOCUMENTS GROUP BY id", "DOCUMENTS rows cannot be grouped"),
+    ("SELECT doc_id FROM SEARCH('x')\nGROUP BY doc_id", "SEARCH rows cannot be grouped"),
+    ("SELECT label FROM CLASSIFY('a [MASK]', LABELS(a = 'b')) GROUP BY phrase",
+     "GROUP BY label, not phrase"),
+])
+def test_group_by_errors_point_at_the_key(db, statement, message):
+    """They pointed at the statement's first column."""
+    with pytest.raises(QueryParseError, match=message) as err:
+        db.sql(statement)
+    line = statement.splitlines()[err.value.line - 1]
+    assert line[err.value.column - 1:].split()[0] in ("id", "doc_id", "phrase"), err.value
