@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -115,9 +116,10 @@ class LocalShards:
 
 class RayShards:
     """One Ray actor per shard. ``address``: passed to ``ray.init`` when Ray is not running
-    yet (None: ``RAY_ADDRESS`` or a new local cluster, shut down with this set);
-    ``cpus``: CPUs each actor reserves (None: one, or an equal part of the cluster's CPUs
-    where it has fewer than ``n``); ``timeout``: seconds a request may take;
+    yet (None: ``RAY_ADDRESS`` or a new local cluster, shut down when the last npmdb user
+    of Ray in this process closes); ``cpus``: CPUs each actor reserves (None: one, or an
+    equal part of half the cluster's CPUs where it has fewer than ``2 n``, so that a Ray
+    add beside the shards finds CPUs); ``timeout``: seconds a request may take;
     ``concurrency``: requests a shard serves at once (each in its own snapshot)."""
 
     engine = "ray"
@@ -125,17 +127,26 @@ class RayShards:
     def __init__(self, path: str | os.PathLike, n: int, options: dict | None = None, *,
                  address: str | None = None, cpus: float | None = None,
                  timeout: float | None = 600.0, concurrency: int = 4) -> None:
-        from .ingest.ray_workers import import_ray
+        from .ingest.ray_workers import end_ray_session, free_cpus, ray_session
 
-        self.ray = ray = import_ray()
         self.n, self.path, self.options = n, str(path), dict(options or {})
         self.timeout = timeout
         self._stack = ExitStack()
-        if not ray.is_initialized():
-            ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
-            self._stack.callback(ray.shutdown)
-        if cpus is None:  # every shard must fit at once, or queries wait forever
-            cpus = min(1.0, float(ray.cluster_resources().get("CPU", 1.0)) / n)
+        self.ray = ray = ray_session(address)
+        self._stack.callback(end_ray_session)
+        self._lock = threading.Lock()  # one replacement of a dead shard, not one a query
+        try:
+            if cpus is None:  # every shard must fit at once, or queries wait forever
+                cpus = min(1.0, float(ray.cluster_resources().get("CPU", 1.0)) / (2 * n))
+            free = free_cpus(ray, n * cpus)
+            if n * cpus > free + 1e-9:
+                raise OperationalError(
+                    f"the {n} shards need {n * cpus:g} CPUs ({cpus:g} each) and the Ray "
+                    f"cluster has {free:g} free: other Ray work holds them (another sharded "
+                    "handle, an add). Close it, or pass fewer CPUs a shard (RayShards(cpus=))")
+        except BaseException:
+            self._stack.close()
+            raise
         self.cpus = cpus
         # a killed actor process is started again by Ray; the exchange's requests are
         # reads, so Ray may run one again on the new process
@@ -165,24 +176,38 @@ class RayShards:
 
     def map(self, method: str, requests: list[tuple[int, dict]]) -> list[Any]:
         ray = self.ray
-        refs = [self.actors[i].handle.remote(method, req) for i, req in requests]
+        asked = [(i, req, self.actors[i]) for i, req in requests]
+        with _ray_errors("asking the shards", DIED):
+            refs = [actor.handle.remote(method, req) for i, req, actor in asked]
         out: list[Any] = []
-        for (i, req), ref in zip(requests, refs):
+        for (i, req, actor), ref in zip(asked, refs):
             try:
-                with _ray_errors(f"shard {i}"):
+                with _ray_errors(f"shard {i}", DIED):
                     out.append(ray.get(ref, timeout=self.timeout))
             except OperationalError as exc:
                 if not _died(exc):
                     raise
-                # the actor is gone for good (Ray gave up restarting it): a new one, and
-                # the request once more
-                log.warning("shard %d died (%s); starting it again", i, exc)
-                self.actors[i] = self._start()
-                self.restarts += 1
-                with _ray_errors(f"shard {i}, started again"):
-                    out.append(ray.get(self.actors[i].handle.remote(method, req),
+                # the actor is gone for good (Ray gave up restarting it): a new one (once,
+                # whichever query found it dead first), and the request once more
+                current = self._replace(i, actor, exc)
+                with _ray_errors(f"shard {i}, started again", DIED_AGAIN):
+                    out.append(ray.get(current.handle.remote(method, req),
                                        timeout=self.timeout))
         return out
+
+    def _replace(self, i: int, dead: Any, exc: BaseException) -> Any:
+        """Shard ``i``'s actor after ``dead`` died: a new one, unless another query has
+        started it again already."""
+        with self._lock:
+            if self.actors[i] is dead:
+                cause = exc.__cause__ or exc
+                log.warning("shard %d's process died (%s); starting it again", i,
+                            type(cause).__name__)
+                with suppress(Exception):  # already gone
+                    self.ray.kill(dead)
+                self.actors[i] = self._start()
+                self.restarts += 1
+            return self.actors[i]
 
     def close(self) -> None:
         for a in self.actors:
@@ -195,6 +220,12 @@ class RayShards:
         self._stack.close()
 
 
+DIED = "its process died (Ray started it again or gave up: the query asks a new one)"
+DIED_AGAIN = ("its process died, and the one started in its place too: the query could not "
+              "be answered whole; run it again (the Ray workers' logs under "
+              "/tmp/ray/session_latest/logs say why)")
+
+
 def _died(exc: BaseException) -> bool:
     cause = exc.__cause__
     name = type(cause).__name__ if cause is not None else ""
@@ -202,10 +233,10 @@ def _died(exc: BaseException) -> bool:
 
 
 @contextmanager
-def _ray_errors(what: str) -> Iterator[None]:
+def _ray_errors(what: str, died: str | None = None) -> Iterator[None]:
     from .ingest.ray_workers import _ray_errors as translate
 
-    with translate(what):
+    with translate(what, died):
         yield
 
 

@@ -259,6 +259,54 @@ def test_ray_shard_killed_is_started_again(ray_cluster, ivf_db_path):
         assert _answers(many.fill_mask(QUERIES[1], evidence=2, retrieval="dense")) == want
 
 
+@pytest.mark.ray
+def test_a_shard_dead_for_good_is_replaced_once_whatever_the_queries(ray_cluster, ivf_db_path):
+    """Four queries at once that all found the shard dead each started a replacement
+    (the handle kept the last; the others held CPUs until closed)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with npmdb.open(ivf_db_path, readonly=True, engine="ray", shards=2) as many:
+        want = _answers(many.fill_mask(QUERIES[0], retrieval="dense"))
+        ray_cluster.kill(many._shards.actors[0], no_restart=True)
+        with ThreadPoolExecutor(4) as pool:
+            got = list(pool.map(lambda _: _answers(many.fill_mask(QUERIES[0],
+                                                                  retrieval="dense")), range(4)))
+        assert got == [want] * 4 and many._shards.restarts == 1
+
+
+@pytest.mark.ray
+def test_ray_shards_share_the_cluster_and_say_what_went_wrong(ray_cluster, ivf_db_path,
+                                                              hnsw_db_path, tmp_path,
+                                                              tiny_encoder, sample_corpus):
+    """Shards leave CPUs for a Ray add beside them (it waited for ever); closing the
+    handle that started Ray no longer ends it under another (whose queries then failed);
+    a shard's npmdb error comes back as itself (it read as Ray's coloured traceback); and
+    shards that cannot fit are refused at once (they waited 600 s)."""
+    import shutil
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(hnsw_db_path, damaged)
+    with npmdb.open(ivf_db_path, readonly=True, engine="ray", shards=2) as many:
+        want = _answers(many.fill_mask(QUERIES[0], retrieval="dense"))
+        with npmdb.open(tmp_path / "new", encoder=tiny_encoder, progress=False) as db:
+            db.add(sample_corpus[:20], engine="ray")
+            assert db.count() == 20
+        other = npmdb.open(damaged, readonly=True, engine="ray", shards=2)
+        other.close()
+        assert _answers(many.fill_mask(QUERIES[0], retrieval="dense")) == want
+        with pytest.raises(npmdb.OperationalError, match="CPUs.*free.*RayShards\\(cpus=\\)"):
+            npmdb.shards.RayShards(ivf_db_path, 2, cpus=1.0)
+    f = next((damaged / "segments").glob("s*/g0.start.hnsw"))
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    f.write_bytes(bytes(data))
+    with npmdb.open(damaged, readonly=True, engine="ray", shards=2) as many:
+        with pytest.raises(npmdb.OperationalError) as err:
+            many.fill_mask(QUERIES[0], retrieval="dense")
+    assert "\x1b[" not in str(err.value) and "ray::" not in str(err.value), err.value
+    assert type(err.value) is npmdb.OperationalError
+
+
 @pytest.mark.slow
 def test_real_encoder_sharded(real_db_path, tmp_path, sample_corpus):
     """The shipped encoder's database with a second segment, sharded in process: the

@@ -14,6 +14,7 @@ import inspect
 import logging
 import os
 import re
+import threading
 import time
 import warnings
 from contextlib import ExitStack, contextmanager
@@ -167,14 +168,48 @@ class _EncodeWorker:
 # -- the driver side: the cluster ------------------------------------------------------------
 
 
+_SESSION_LOCK = threading.Lock()
+_session = {"users": 0, "started": False}
+
+
+def ray_session(address: str | None = None) -> Any:
+    """Ray, initialised for one more npmdb user of this process (a Ray add, a sharded
+    handle): ``ray.init`` when Ray is not running yet. Pair with :func:`end_ray_session`;
+    the last user shuts down a Ray that npmdb started (closing one handle shut it down
+    under every other, whose next query failed), never one the application started."""
+    ray = import_ray()
+    with _SESSION_LOCK:
+        if not ray.is_initialized():
+            ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
+            _session["started"] = True
+        _session["users"] += 1
+    return ray
+
+
+def end_ray_session() -> None:
+    ray = import_ray()
+    with _SESSION_LOCK:
+        _session["users"] = max(0, _session["users"] - 1)
+        if _session["users"] == 0 and _session["started"]:
+            _session["started"] = False
+            ray.shutdown()
+
+
+def free_cpus(ray, need: float = 0.0, wait: float = 10.0) -> float:
+    """CPUs of the Ray cluster that nothing holds, waiting up to ``wait`` seconds for
+    ``need`` of them (a finished add's workers let go of theirs a moment after it
+    returns)."""
+    deadline = time.monotonic() + wait
+    while True:
+        free = float(ray.available_resources().get("CPU", 0.0))
+        if free >= need - 1e-9 or time.monotonic() >= deadline:
+            return free
+        time.sleep(0.2)
+
+
 @contextmanager
 def _cluster(engine: "RayEngine", progress: bool | None) -> Iterator[Any]:
-    ray = import_ray()
-    started = False
-    if not ray.is_initialized():
-        ray.init(address=engine.address, include_dashboard=False,
-                 logging_level=logging.WARNING)
-        started = True
+    ray = ray_session(engine.address)
     ctx = ray.data.DataContext.get_current()
     saved = ctx.enable_progress_bars
     data_log = logging.getLogger("ray.data")
@@ -187,8 +222,7 @@ def _cluster(engine: "RayEngine", progress: bool | None) -> Iterator[Any]:
     finally:
         ctx.enable_progress_bars = saved
         data_log.setLevel(level)
-        if started:
-            ray.shutdown()
+        end_ray_session()
 
 
 def _placement(ray, engine: "RayEngine", device: str | None) -> tuple[int, float, str]:
@@ -202,14 +236,18 @@ def _placement(ray, engine: "RayEngine", device: str | None) -> tuple[int, float
         raise ProgrammingError(f"RayEngine(gpus_per_worker={per_gpu}) but the Ray cluster has "
                                f"{gpus:g} GPUs")
     workers = engine.workers
-    if workers is None:
-        workers = int(gpus // per_gpu) if per_gpu else int(cpus // engine.cpus_per_worker)
+    # CPUs others hold (a sharded handle's shards, an add that just ended) are not this
+    # add's: it would wait for them without a word
+    free = free_cpus(ray, engine.cpus_per_worker)
+    if workers is None:  # as many as fit now
+        workers = int(gpus // per_gpu) if per_gpu else int(free // engine.cpus_per_worker)
     workers = max(1, workers)
     need_cpu, need_gpu = workers * engine.cpus_per_worker, workers * per_gpu
-    if need_cpu > cpus or need_gpu > gpus:
+    if need_cpu > free or need_gpu > gpus:
         warnings.warn(f"RayEngine: {workers} workers need {need_cpu:g} CPUs and {need_gpu:g} "
-                      f"GPUs, the Ray cluster has {cpus:g} and {gpus:g} now: the encoding waits "
-                      "for resources (an autoscaler) or runs with fewer actors",
+                      f"GPUs; the Ray cluster has {free:g} of its {cpus:g} CPUs free and {gpus:g} "
+                      "GPUs now: the encoding waits until other Ray work (a sharded handle's "
+                      "shards: RayShards(cpus=)) lets go of them, or an autoscaler adds them",
                       RuntimeWarning, stacklevel=4)
     # an actor sees only its own GPU(s) (Ray sets CUDA_VISIBLE_DEVICES): plain "cuda"
     want_cuda = per_gpu > 0 and not str(device or "cuda").startswith("cpu")
@@ -318,9 +356,12 @@ def _died_message(exc: BaseException, what: str) -> str:
             f"workers' logs (on each node under /tmp/ray/session_latest/logs) say more")
 
 
-def _failure_message(exc: BaseException, what: str) -> str:
-    """What failed on the cluster, in one message without Ray's colour codes."""
+def _failure_message(exc: BaseException, what: str, died: str | None = None) -> str:
+    """What failed on the cluster, in one message without Ray's colour codes (``died``:
+    what to say when a process died, instead of the encoding workers' advice)."""
     if _died(exc):
+        if died is not None:
+            return f"{what}: {died} ({type(exc).__name__}: {_first_line(str(exc))})"
         return _died_message(exc, what)
     user = _user_exception(exc)
     if user is None:
@@ -336,18 +377,22 @@ def _failure_message(exc: BaseException, what: str) -> str:
 
 
 @contextmanager
-def _ray_errors(what: str) -> Iterator[None]:
+def _ray_errors(what: str, died: str | None = None) -> Iterator[None]:
     """npmdb errors raised in actors come back as themselves; any other failure on the
-    cluster as OperationalError naming it (Ray's own exception and trace are its cause)."""
+    cluster as OperationalError naming it (Ray's own exception and trace are its cause;
+    ``died``: see :func:`_failure_message`)."""
     try:
         yield
-    except Error:
-        raise
     except Exception as exc:  # noqa: BLE001 - Ray wraps actor failures in its own types
+        # Ray's wrapper of an actor's npmdb error is also an instance of that error's
+        # class (RayTaskError(OperationalError)): raised as is, its message was Ray's
+        # coloured traceback
+        if isinstance(exc, Error) and not _is_ray(exc):
+            raise
         err = _worker_error(exc)
         if err is not None:
             raise err from exc
-        raise OperationalError(_failure_message(exc, what)) from exc
+        raise OperationalError(_failure_message(exc, what, died)) from exc
 
 
 def guarded(results: Iterator[tuple[int, dict]], what: str) -> Iterator[tuple[int, dict]]:
