@@ -388,6 +388,8 @@ class _Checker:
         from npmdb.storage import ivf
 
         for key, value in meta.items():
+            if value is None:  # unreadable: reported where it was read
+                continue
             if key.startswith("codec:"):
                 try:
                     C.PQCodec.from_state(key[6:], value)
@@ -497,6 +499,9 @@ def check(env: "Env", root: Path, *, deep: bool = True) -> CheckReport:
 
 def _finding(exc: BaseException) -> str:
     """An error's message as a finding of the report: without the advice to run `npmdb
-    check` that the same error gives a query (the report is that check)."""
-    text = re.sub(r"[;,:]?\s*\(?[Rr]un `npmdb check[^`]*`[^)]*\)?\s*$", "", str(exc))
-    return text.rstrip(" ;,:") or str(exc)
+    check` that the same error gives a query (the report is that check), keeping what to
+    do next ("restore from a backup")."""
+    text = re.sub(r"\(?[Rr]un `npmdb check[^`]*`(?: for a full report)?(?:,? then )?\)?",
+                  "", str(exc))
+    text = re.sub(r"\s*\(\s*\)|[;,:]\s*$", "", text.strip()).strip()
+    return text or str(exc)

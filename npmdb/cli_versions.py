@@ -64,14 +64,15 @@ def cmd_restore(args) -> int:
     return 0
 
 
-def _change(args, verb: str, change, said, *, kept: str = "") -> int:
+def _change(args, verb: str, change, said, *, kept: str = "", empty: str = "") -> int:
     """Run ``change(db)`` (a new version, or none when nothing changed) and print what it
-    did: ``said(version, documents gained)``; ``kept``: said too when nothing changed."""
+    did: ``said(version, documents gained)``; ``kept`` / ``empty``: said too when nothing
+    changed / when there is no version yet."""
     with _open(args) as db:
         head, before = db.version, db.count()
         vid = change(db)
         if vid is None:
-            print(f"nothing to {verb}: the database has no version yet{kept}")
+            print(f"nothing to {verb}: the database has no version yet{empty}")
         elif vid == head:
             print(f"nothing to {verb}; version {vid} is unchanged{kept}")
         else:
@@ -114,8 +115,9 @@ def cmd_optimize(args) -> int:
     return _change(args, "optimize", optimize,
                    lambda vid, _: f"optimized: version {vid} ({segments[0]} segments merged "
                                   "into 1; deleted documents dropped)",
-                   kept=f" (its segments already are {settings}; new segments use it from "
-                        "now on)" if settings else "")
+                   kept=f" (its segments already are what {settings} writes; new segments "
+                        "use it from now on)" if settings else "",
+                   empty=f" ({settings} is recorded for its first segments)" if settings else "")
 
 
 def cmd_vacuum(args) -> int:

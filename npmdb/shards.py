@@ -127,7 +127,7 @@ class RayShards:
     def __init__(self, path: str | os.PathLike, n: int, options: dict | None = None, *,
                  address: str | None = None, cpus: float | None = None,
                  timeout: float | None = 600.0, concurrency: int = 4) -> None:
-        from .ingest.ray_workers import end_ray_session, free_cpus, ray_session
+        from .ingest.ray_workers import end_ray_session, free_cpus, hold_cpus, ray_session
 
         self.n, self.path, self.options = n, str(path), dict(options or {})
         self.timeout = timeout
@@ -148,6 +148,8 @@ class RayShards:
             self._stack.close()
             raise
         self.cpus = cpus
+        hold_cpus(n * cpus)
+        self._stack.callback(hold_cpus, -n * cpus)
         # a killed actor process is started again by Ray; the exchange's requests are
         # reads, so Ray may run one again on the new process
         # several requests at once per shard (queries from several threads): the server's

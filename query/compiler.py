@@ -25,11 +25,12 @@ from . import logical as L
 from .context import OpenContext
 from .evaluate import Row, compile_condition, compile_expr
 from .executor import execute
+from .lexer import one_line
 from .operators import BM25Blocks
 from .physical import Answers, Operator
 from .plan import Plan
 from .planner import classify_prior, plan_classify, plan_masked
-from .printer import expr_to_sql, one_line
+from .printer import expr_to_sql
 from .rows import (
     BlockRows, EvidenceRows, FilterRows, LimitRows, OrderRows, Project, ScanDocuments,
 )
@@ -42,7 +43,7 @@ __all__ = ["Compiled", "compile_plan", "show", "format_explain"]
 # ================================================================ expressions
 
 def _describe(e: A.Expr) -> str:
-    return one_line(expr_to_sql(e))
+    return expr_to_sql(e)
 
 
 def _doc_filter(e: A.Expr, text: str) -> DocFilter:
@@ -282,5 +283,5 @@ def format_explain(logical: L.Node, physical: str, notes: list[str], total: str 
     lines += block("physical plan:", physical or "(nothing to run)")
     if total:
         lines.append("  " + total)
-    lines += block("rules applied:", "\n".join(notes) if notes else "(none)")
+    lines += block("rules applied:", "\n".join(map(one_line, notes)) if notes else "(none)")
     return "\n".join(lines)

@@ -265,3 +265,14 @@ def _lex_error(text: str, pos: int) -> QueryParseError:
     if ch.isprintable():
         return error_at(text, pos, f"unexpected character {ch!r}")
     return error_at(text, pos, f"unexpected character U+{ord(ch):04X}")
+
+
+_ESCAPES = {ord(c): ("\\n" if c == "\n" else "\\r" if c == "\r" else f"\\u{ord(c):04x}")
+            for c in _LINE_BREAKS}
+
+
+def one_line(s: str) -> str:
+    """``s`` on one line, for a plan: every character that breaks a line (``\\n``, and
+    also U+2028, ``\\x0b`` … that ``str.splitlines`` breaks at) escaped, so a name or a
+    literal holding one cannot split a plan's line into two rows of EXPLAIN."""
+    return s.translate(_ESCAPES)

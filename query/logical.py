@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from . import ast as A
-from .lexer import quote_string
-from .printer import expr_to_sql, one_line
+from .lexer import one_line, quote_string
+from .printer import expr_to_sql
 from .spec import MaskedSpec
 
 __all__ = [
@@ -105,7 +105,7 @@ class Retrieve(Node):
             if self.bm25_question:
                 parts.append("bm25_question=true")
         if self.query:
-            parts.append("query=" + one_line(quote_string(self.query)))
+            parts.append("query=" + quote_string(self.query))
         if self.version is not None:
             parts.append(f"as_of={self.version!r}")
         if self.doc_filter is not None:
@@ -170,8 +170,8 @@ class Classify(Node):
 
     def detail(self) -> str:
         labels = ", ".join(f"{n}: [{', '.join(quote_string(w) for w in ws)}]" for n, ws in self.labels)
-        return one_line(f"labels={{{labels}}}, tau={self.tau}"
-                         + (", calibrate=true" if self.calibrate else ""))
+        return (f"labels={{{labels}}}, tau={self.tau}"
+                + (", calibrate=true" if self.calibrate else ""))
 
 
 @dataclass(frozen=True)
@@ -313,7 +313,8 @@ def unchain(nodes: list[Node]) -> Node:
 
 def explain(node: Node) -> str:
     """The plan, one node a line, children indented under their parent."""
-    return "\n".join("  " * d + ("-> " if d else "") + n.describe() for d, n in enumerate(chain(node)))
+    return "\n".join("  " * d + ("-> " if d else "") + one_line(n.describe())
+                     for d, n in enumerate(chain(node)))
 
 
 def _b(v: bool) -> str:
@@ -321,7 +322,7 @@ def _b(v: bool) -> str:
 
 
 def _sql(e: A.Expr) -> str:
-    return one_line(expr_to_sql(e))
+    return expr_to_sql(e)
 
 
 # ================================================================ scopes

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .lexer import one_line
 from .physical import ExecState, Operator
 
 __all__ = ["Plan", "StageStat"]
@@ -49,7 +50,7 @@ class Plan:
             line = "  " * depth + ("-> " if depth else "") + op.name
             d = stats[id(op)].detail if analyze and id(op) in stats else op.detail()
             if d:
-                line += f" ({d})"
+                line += f" ({one_line(d)})"
             if analyze and id(op) in stats:
                 st = stats[id(op)]
                 line += f"  [rows={st.rows} time={st.ms:.2f} ms]"

@@ -13,9 +13,9 @@ from typing import Any
 from npmdb.errors import InternalError
 
 from . import ast as A
-from .lexer import _LINE_BREAKS, quote_identifier, quote_string
+from .lexer import quote_identifier, quote_string
 
-__all__ = ["to_sql", "expr_to_sql", "one_line"]
+__all__ = ["to_sql", "expr_to_sql"]
 
 # Binding strength, weakest first.
 _OR, _AND, _NOT, _PREDICATE, _ADD, _MUL, _NEG, _ATOM = range(1, 9)
@@ -190,14 +190,3 @@ def _literal(lit: A.Literal) -> str:
             raise InternalError(f"cannot print non-finite number {text}")
         return text
     return str(v)
-
-
-_ESCAPES = {ord(c): ("\\n" if c == "\n" else "\\r" if c == "\r" else f"\\u{ord(c):04x}")
-            for c in _LINE_BREAKS}
-
-
-def one_line(s: str) -> str:
-    """``s`` on one line, for a plan: every character that breaks a line (``\\n``, and
-    also U+2028, ``\\x0b`` … that ``str.splitlines`` breaks at) escaped, so a string
-    literal holding one cannot split a plan's operator into two rows of EXPLAIN."""
-    return s.translate(_ESCAPES)

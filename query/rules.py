@@ -28,7 +28,7 @@ from .logical import (
     DEFAULT_LIMIT, EVIDENCE_ANSWER_LEVEL, Empty, Evidence, Filter, Limit, Node, Order, Project,
     Retrieve, Top, chain, unchain,
 )
-from .printer import expr_to_sql, one_line
+from .printer import expr_to_sql
 
 __all__ = [
     "RULES", "optimize", "choose_exact_scan", "push_document_predicates",
@@ -79,7 +79,7 @@ def _index(nodes: list[Node], cls: type, **match) -> int | None:
 
 
 def _sql(e: A.Expr) -> str:
-    return one_line(expr_to_sql(e))
+    return expr_to_sql(e)
 
 
 def _not_supported(text: str, e: A.Expr, message: str) -> NotSupportedError:

@@ -10,7 +10,8 @@ segment's token positions (FAISS ``IDSelectorBitmap``), so no side is over-fetch
   most ``IvfParams.train_points`` vectors) of the first segment written with that
   generation -- of its first ``segment_writer.template_rows`` rows where it has more, so
   that a large first add never holds all its rows -- and kept in LMDB (``meta``, key
-  ``ivf:g{gen}``) as an empty trained FAISS index. Every later segment of that generation reuses it: an ``add`` only assigns and
+  ``ivf:g{gen}``) as an empty trained FAISS index with its CRC-32 (:func:`template_value`).
+  Every later segment of that generation reuses it: an ``add`` only assigns and
   encodes its vectors, it never retrains. ``optimize()`` rewrites segments with the
   current template, or -- once the corpus has outgrown its lists (:func:`outgrown`) --
   trains a larger one for the corpus and commits it with the merged segment

@@ -257,7 +257,7 @@ def test_cli_update_delete_optimize_and_vacuum(tmp_path, tiny_encoder, capsys):
     for _ in range(2):
         assert main(["optimize", db, "-q", "--index", "auto"]) == 0
         assert "nothing to optimize; version 4 is unchanged (its segments already are " \
-            "--index auto" in capsys.readouterr().out
+            "what --index auto writes" in capsys.readouterr().out
     assert main(["vacuum", db]) == 0
     assert "vacuum removed 3 versions" in capsys.readouterr().out
     assert main(["versions", db]) == 0
@@ -273,3 +273,6 @@ def test_cli_update_delete_optimize_and_vacuum(tmp_path, tiny_encoder, capsys):
     for argv in (["optimize", empty], ["delete", empty, "a", "--missing-ok"]):
         assert main(argv) == 0
         assert "the database has no version yet" in capsys.readouterr().out
+    assert main(["optimize", empty, "--index", "hnsw"]) == 0
+    assert "no version yet (--index hnsw is recorded for its first segments)" in \
+        capsys.readouterr().out

@@ -18,11 +18,12 @@ from starlette.testclient import TestClient  # noqa: E402
 from npmdb.serve import Settings, create_app, is_loopback  # noqa: E402
 
 Q = "Doha is the capital of [MASK]."
+LOCAL = "http://localhost"  # a server without a token answers loopback names only
 
 
 @pytest.fixture(scope="module")
 def client(versioned_db_path):
-    with TestClient(create_app(versioned_db_path)) as c:
+    with TestClient(create_app(versioned_db_path), base_url=LOCAL) as c:
         yield c
 
 
@@ -34,7 +35,7 @@ def writer(tmp_path, tiny_encoder, sample_corpus):
     with npmdb.open(path, encoder=tiny_encoder, progress=False) as db:
         db.add(sample_corpus[:50])
     app = create_app(path, Settings(token="s3cret", write=True))
-    with TestClient(app) as c:
+    with TestClient(app, base_url=LOCAL) as c:
         yield c, path
 
 
@@ -151,7 +152,8 @@ def test_sql_parse_error_has_line_and_column(client):
 
 
 def test_sql_rows_are_capped(versioned_db_path):
-    with TestClient(create_app(versioned_db_path, Settings(max_rows=5))) as c:
+    app = create_app(versioned_db_path, Settings(max_rows=5))
+    with TestClient(app, base_url=LOCAL) as c:
         body = c.post("/api/sql", json={"query": "SELECT id FROM DOCUMENTS"}).json()
         assert len(body["rows"]) == 5 and body["truncated"] is True
 
@@ -247,7 +249,8 @@ def test_oversized_requests(client):
 
 
 def test_time_limit(versioned_db_path):
-    with TestClient(create_app(versioned_db_path, Settings(time_limit=0.0001))) as c:
+    app = create_app(versioned_db_path, Settings(time_limit=0.0001))
+    with TestClient(app, base_url=LOCAL) as c:
         e = error_of(c.post("/api/fill_mask", json={"query": Q, "exact": True}), 503)
         assert e["type"] == "Timeout"
 
@@ -379,10 +382,13 @@ def test_pages_render(client):
 
 
 def test_a_server_without_a_token_answers_only_loopback_names(versioned_db_path):
-    """npmdb serve without a token sets local_only: a page elsewhere that points its own
-    name at 127.0.0.1 (DNS rebinding) gets no answer (it had every document)."""
-    app = create_app(versioned_db_path, Settings(local_only=True))
-    with TestClient(app, base_url="http://localhost:8000") as c:
+    """Without a token, local_only: a page elsewhere that points its own name at
+    127.0.0.1 (DNS rebinding) gets no answer (it had every document)."""
+    assert Settings().local_only and not Settings(token="t").local_only
+    assert not Settings(local_only=False).local_only   # behind a proxy that sends its Host
+    with TestClient(create_app(versioned_db_path)) as c:  # no token; Host: testserver
+        assert error_of(c.get("/api/versions"), 421)
+    with TestClient(create_app(versioned_db_path), base_url="http://localhost:8000") as c:
         assert c.get("/api/versions").status_code == 200
         for host in ("127.0.0.1:8000", "[::1]:8000", "LOCALHOST"):
             assert c.get("/api/versions", headers={"host": host}).status_code == 200, host
@@ -468,7 +474,8 @@ def test_loopback_rules():
 def test_sharded_server_answers_as_one_process(versioned_db_path, client):
     """``npmdb serve --shards 2`` (shards in process here): the same answers, an Exchange
     in the plan; --shards with --write is refused."""
-    with TestClient(create_app(versioned_db_path, Settings(shards=2, engine="local"))) as c:
+    app = create_app(versioned_db_path, Settings(shards=2, engine="local"))
+    with TestClient(app, base_url=LOCAL) as c:
         for body in ({"query": Q, "retrieval": "bm25", "top": 3},
                      {"query": Q, "top": 3, "version": "first"}):
             got = c.post("/api/fill_mask", json=body).json()
@@ -504,7 +511,8 @@ def test_writes_run_to_their_end_and_queue(tmp_path, tiny_encoder, sample_corpus
                                               time_limit=0.01))) as c:
         r = c.post("/api/documents", headers=auth, json={"documents": docs})
         assert r.status_code == 201 and r.json() == {"version": 2, "added": 200}
-    with TestClient(create_app(path, Settings(token="s3cret", write=True))) as c:
+    app = create_app(path, Settings(token="s3cret", write=True))
+    with TestClient(app, base_url=LOCAL) as c:
         codes: list[int] = []
 
         def post(i: int) -> None:
@@ -616,7 +624,8 @@ def test_threads_cap_holds_after_timeouts(versioned_db_path):
             running[0] -= 1
         raise AssertionError("never answered: the request timed out")
 
-    with TestClient(create_app(versioned_db_path, Settings(threads=2, time_limit=0.2))) as c:
+    app = create_app(versioned_db_path, Settings(threads=2, time_limit=0.2))
+    with TestClient(app, base_url=LOCAL) as c:
         c.app.state.server.db.fill_mask = slow_fill_mask
         with cf.ThreadPoolExecutor(12) as ex:
             codes = list(ex.map(lambda _: c.post("/api/fill_mask", json={"query": Q}
@@ -934,7 +943,7 @@ def test_a_head_request_is_pinned_again_when_a_vacuum_removed_its_version(tmp_pa
         db.add(["Salem is the capital of Oregon."])
         db.add(["Boise is the capital of Idaho."])
     app = create_app(path)
-    with TestClient(app) as c:
+    with TestClient(app, base_url=LOCAL) as c:
         server = app.state.server
         stale = [server.db.version]
         writer = ("import npmdb\n"   # another process moves HEAD and vacuums

@@ -9,6 +9,7 @@ installed). Databases have four segments or more, with deleted documents and two
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -305,6 +306,32 @@ def test_ray_shards_share_the_cluster_and_say_what_went_wrong(ray_cluster, ivf_d
             many.fill_mask(QUERIES[0], retrieval="dense")
     assert "\x1b[" not in str(err.value) and "ray::" not in str(err.value), err.value
     assert type(err.value) is npmdb.OperationalError
+
+
+@pytest.mark.ray
+def test_handles_that_start_ray_share_one_session(hnsw_db_path, ivf_db_path):
+    """In a process where npmdb itself starts Ray: closing the handle that started it
+    shut Ray down under the other, whose next query failed; the last one to close ends
+    it."""
+    pytest.importorskip("ray")
+    script = f"""
+import ray, npmdb
+q = {QUERIES[0]!r}
+a = npmdb.open({str(hnsw_db_path)!r}, readonly=True, engine="ray", shards=1)
+b = npmdb.open({str(ivf_db_path)!r}, readonly=True, engine="ray", shards=1)
+want = [x.text for x in b.fill_mask(q, retrieval="dense")]
+a.close()
+assert ray.is_initialized()
+assert [x.text for x in b.fill_mask(q, retrieval="dense")] == want
+b.close()
+assert not ray.is_initialized()
+print("one session")
+"""
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)  # a cluster of its own, not the tests'
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=600, env=env)
+    assert p.returncode == 0 and "one session" in p.stdout, p.stderr[-3000:]
 
 
 @pytest.mark.slow

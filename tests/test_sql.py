@@ -1168,6 +1168,13 @@ def test_integer_division_like_on_booleans_and_one_line_plans(new_db):
                           "'x{}y'"):
             plan = new_db.sql(statement.replace("{}", brk)).rows
             rows.setdefault(statement, set()).add(len(plan))
+        # names too: an alias, a meta key, a label (they were printed raw)
+        for statement in ('EXPLAIN SELECT id AS "a{}b" FROM DOCUMENTS',
+                          'EXPLAIN SELECT id FROM DOCUMENTS WHERE doc.meta."k{}z" = 1',
+                          "EXPLAIN SELECT label FROM CLASSIFY('x [MASK]', "
+                          "LABELS(\"p{}q\" = 'great', n = 'bad'))"):
+            plan = new_db.sql(statement.replace("{}", brk)).rows
+            rows.setdefault(statement, set()).add(len(plan))
     assert all(len(n) == 1 for n in rows.values()), rows
 
 

@@ -169,7 +169,7 @@ class _EncodeWorker:
 
 
 _SESSION_LOCK = threading.Lock()
-_session = {"users": 0, "started": False}
+_session = {"users": 0, "started": False, "held": 0.0}  # held: CPUs shards reserve
 
 
 def ray_session(address: str | None = None) -> Any:
@@ -193,6 +193,13 @@ def end_ray_session() -> None:
         if _session["users"] == 0 and _session["started"]:
             _session["started"] = False
             ray.shutdown()
+
+
+def hold_cpus(cpus: float) -> None:
+    """Count ``cpus`` (negative: give back) as held for the session's life by this
+    process's shards: an add sizes its pool by the CPUs nothing else of npmdb keeps."""
+    with _SESSION_LOCK:
+        _session["held"] = max(0.0, _session["held"] + cpus)
 
 
 def free_cpus(ray, need: float = 0.0, wait: float = 10.0) -> float:
@@ -237,9 +244,14 @@ def _placement(ray, engine: "RayEngine", device: str | None) -> tuple[int, float
                                f"{gpus:g} GPUs")
     workers = engine.workers
     # CPUs others hold (a sharded handle's shards, an add that just ended) are not this
-    # add's: it would wait for them without a word
-    free = free_cpus(ray, engine.cpus_per_worker)
-    if workers is None:  # as many as fit now
+    # add's, and it would wait for them without a word: as many workers as fit in the
+    # cluster's CPUs less what this process's shards hold, waiting a moment for a finished
+    # add's workers to let go of theirs (sized when one worker's worth was free, an idle
+    # cluster's pool came out short)
+    want = engine.cpus_per_worker if workers is not None else max(
+        engine.cpus_per_worker, cpus - _session["held"])
+    free = free_cpus(ray, want)
+    if workers is None:
         workers = int(gpus // per_gpu) if per_gpu else int(free // engine.cpus_per_worker)
     workers = max(1, workers)
     need_cpu, need_gpu = workers * engine.cpus_per_worker, workers * per_gpu

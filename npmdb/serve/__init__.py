@@ -37,7 +37,7 @@ def create_app(db_path: str | os.PathLike, settings: Settings | None = None) -> 
 
 def is_loopback(host: str) -> bool:
     """True for addresses only this machine can reach (127.0.0.0/8, ::1, localhost)."""
-    if host == "localhost":
+    if host.lower() == "localhost":
         return True
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
@@ -61,8 +61,7 @@ def main(args: Any) -> int:
         raise ProgrammingError("--shards serves reads only: drop --write (write through "
                                "another handle; the shards read each new version)")
     settings = Settings(token=token, write=args.write, time_limit=args.time_limit,
-                        shards=shards, engine="ray" if getattr(args, "ray", False) else "local",
-                        local_only=not token)
+                        shards=shards, engine="ray" if getattr(args, "ray", False) else "local")
     generated = args.write and not token  # after every check: told once it listens
     if generated:
         token = secrets.token_urlsafe(18)

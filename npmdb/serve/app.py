@@ -6,12 +6,19 @@ Routes::
     GET  /                     query page (fill_mask, evidence, plan, versions side by side)
     GET  /sql                  SQL console
     GET  /documents            documents: BM25 search and paging
-    GET  /documents/{id}       one document, occurrences highlighted
+    GET  /documents/{id}       one document, occurrences highlighted (its id one path
+                               segment, a "/" in it escaped)
+    GET  /document?id=         the same, for the ids "." and ".." (a browser drops them
+                               from a path)
     GET  /versions             history, tags, diff between two versions
     POST /api/fill_mask        POST /api/classify        POST /api/sql
     GET  /api/versions         GET  /api/documents       GET  /api/documents/{id}
     GET  /api/diff             GET  /openapi.json
     with --write:  POST /api/documents   DELETE /api/documents/{id}   POST /api/tags
+
+Without a token the server answers only requests addressed to a loopback name
+(``Settings.local_only``: DNS rebinding), and every POST body is JSON (a page elsewhere
+cannot send one without the browser asking the server first).
 
 Every request reads one version whole: HEAD (or the version asked for) is resolved to an
 id when the request starts and every read of the request names that id, so a commit by

@@ -44,14 +44,17 @@ class Settings:
     threads: int = 4                  # requests executing at once; the rest wait
     shards: int | None = None         # sharded search over this many shards (read-only)
     engine: str = "ray"               # where the shards run ('ray' | 'local')
-    local_only: bool = False          # answer only requests addressed to localhost,
-                                      # 127.0.0.1 or [::1] (npmdb serve without a token:
+    local_only: bool | None = None    # answer only requests addressed to localhost,
+                                      # 127.0.0.1 or [::1] (None: when there is no token:
                                       # a page that points its name at 127.0.0.1 by DNS
-                                      # rebinding could read everything)
+                                      # rebinding could read everything); False behind a
+                                      # reverse proxy that forwards another Host
 
     def __post_init__(self) -> None:
         if self.token is not None:
             check_token(self.token)
+        if self.local_only is None:
+            object.__setattr__(self, "local_only", self.token is None)
         t = self.time_limit
         if isinstance(t, bool) or not isinstance(t, numbers.Real) or not (
                 math.isfinite(t) and t > 0):
