@@ -265,13 +265,13 @@ class Database(Versioning):
         if self._closed:
             return
         self._closed = True
+        if self._writer is not None:  # first: a thread writing stops and lets go
+            self._writer.close()
         if self._shards is not None:
             self._shards.close()
             self._shards = None
         self._readers.clear()
         self._encoders.clear()
-        if self._writer is not None:
-            self._writer.close()
         self.env.close()
 
     def __enter__(self) -> "Database":

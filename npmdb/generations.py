@@ -178,7 +178,8 @@ def reembed(writer: "Writer", encoders: "Encoders", model: Any, *, steps: int = 
                 cols = reader.columns()
                 sw = writer.segment_writer(seg, new.gen, existing=reader)
                 encode_into(sw, encoder, cols.tokens, cols.block_ptr,
-                            writer.progress(cols.n_tokens, f"re-embed s{seg}", "tok"))
+                            writer.progress(cols.n_tokens, f"re-embed s{seg}", "tok"),
+                            writer.check_open)
                 sw.finish()
         else:
             engine.reembed(writer, encoders, new)

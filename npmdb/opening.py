@@ -17,7 +17,7 @@ from contextlib import suppress
 from pathlib import Path
 
 from .errors import Error, OperationalError
-from npmdb.storage.transaction import FileLock
+from npmdb.storage.filelock import FileLock
 
 __all__ = ["FORMAT", "check_config", "check_empty", "check_new", "claim_new", "creation_lock",
            "has_file", "remove_if_never_written", "remove_unfinished"]

@@ -52,10 +52,18 @@ def delete_segment_data(txn, dbs, seg: int, *, gens: list[int] | None = None,
 
 
 def remove_segment(env: Env, root: Path, seg: int) -> None:
-    """Remove every trace of an uncommitted segment: its LMDB data and its directories."""
-    env.write(lambda txn: delete_segment_data(txn, env.dbs, seg))
-    remove_dir(segment_dir(root, seg))
-    remove_dir(Path(root) / "segments" / f"tmp-s{seg:06d}")
+    """Remove every trace of an uncommitted segment: its LMDB data and its directories.
+    A segment that is recorded or that a version names is committed data: kept (a writer
+    that lost its lock must not remove what another committed under the same number)."""
+    def remove(txn) -> bool:
+        if txn.get(F.u32(seg), db=env.dbs["segments"]) is not None or \
+                seg in named_segments(txn, env.dbs):
+            return False
+        delete_segment_data(txn, env.dbs, seg)
+        return True
+    if env.write(remove):
+        remove_dir(segment_dir(root, seg))
+        remove_dir(Path(root) / "segments" / f"tmp-s{seg:06d}")
 
 
 def _segments_with_data(txn, dbs) -> set[int]:

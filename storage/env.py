@@ -9,6 +9,7 @@ import os
 import threading
 import time
 import weakref
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
@@ -32,6 +33,15 @@ MAX_MAP = 1 << 40
 _SHARED: dict[str, list] = {}
 _SHARED_LOCK = threading.Lock()
 CLOSE_WAIT = 60.0  # seconds close() waits for other threads' queries to end
+
+
+@dataclass
+class _Thread:
+    """One thread's part in a :class:`_Gate`: its live transactions and its open read
+    transactions (innermost last)."""
+
+    n: int = 0
+    txns: list = field(default_factory=list)
 
 
 class _Gate:
@@ -64,25 +74,33 @@ class _Gate:
             env.set_mapsize(size)
             self.mapped = size
 
-    def enter(self) -> None:
-        mine = getattr(self.mine, "n", 0)
+    def _own(self) -> "_Thread":
+        """The calling thread's record: its live transactions."""
+        rec = getattr(self.mine, "rec", None)
+        if rec is None:
+            rec = self.mine.rec = _Thread()
+        return rec
+
+    def enter(self) -> "_Thread":
+        """Count a transaction of the calling thread as live; returns that thread's record,
+        which :meth:`leave` takes (a generator's transaction may end on another thread, as a
+        web server resumes a streamed iterator: it is the entering thread's that ends)."""
+        rec = self._own()
         with self.cond:
-            if self.closing and not mine:
+            if self.closing and not rec.n:
                 raise InterfaceError("the database handle was closed (by another thread, "
                                      "while this one was using it): open it again")
-            while self.resizing and not mine:  # a nested entry must not wait for itself
+            while self.resizing and not rec.n:  # a nested entry must not wait for itself
                 self.cond.wait()
             self.live += 1
-        self.mine.n = mine + 1
+            rec.n += 1
+        return rec
 
-    def push(self, txn) -> None:
-        stack = getattr(self.mine, "txns", None)
-        if stack is None:
-            stack = self.mine.txns = []
-        stack.append(txn)
+    def push(self, rec: "_Thread", txn) -> None:
+        rec.txns.append(txn)
 
-    def pop(self, txn) -> None:
-        stack = getattr(self.mine, "txns", None) or []
+    def pop(self, rec: "_Thread", txn) -> None:
+        stack = rec.txns
         for i in range(len(stack) - 1, -1, -1):  # generators may close out of order
             if stack[i] is txn:
                 del stack[i]
@@ -90,13 +108,13 @@ class _Gate:
 
     def outer(self):
         """This thread's innermost open read transaction, if any."""
-        stack = getattr(self.mine, "txns", None)
+        stack = self._own().txns
         return stack[-1] if stack else None
 
-    def leave(self) -> None:
-        self.mine.n = getattr(self.mine, "n", 1) - 1
+    def leave(self, rec: "_Thread") -> None:
         idle = None
         with self.cond:
+            rec.n -= 1
             self.live -= 1
             if self.live == 0 or self.closing:
                 self.cond.notify_all()
@@ -117,7 +135,7 @@ class _Gate:
         """Refuse new transactions and wait up to ``timeout`` seconds for those of other
         threads to end (this thread's own, an unfinished generator, cannot); False if some
         are still live then."""
-        own = getattr(self.mine, "n", 0)
+        own = self._own().n
         deadline = time.monotonic() + timeout
         with self.cond:
             self.closing = True
@@ -129,7 +147,7 @@ class _Gate:
         return True
 
     def resize(self, env, size: int, path: Path, timeout: float = 60.0) -> None:
-        if getattr(self.mine, "n", 0):
+        if self._own().n:
             raise OperationalError(
                 f"the LMDB map of {path} must be resized, but this thread holds an open read "
                 "transaction (a snapshot, or an unfinished documents() iterator): finish it "
@@ -291,7 +309,7 @@ class Env:
         """A read transaction: one consistent snapshot of every sub-database."""
         gate = self._gate
         self._headroom()
-        gate.enter()
+        rec = gate.enter()
         try:
             borrowed = False
             try:
@@ -305,14 +323,14 @@ class Env:
                     # snapshot already references) is served from that snapshot.
                     txn, borrowed = outer, True
                 else:
-                    gate.leave()
+                    gate.leave(rec)
                     try:  # another process grew the map: adopt its size
                         self._gate.resize(self.env, 0, self.path, timeout=5.0)
                     finally:
-                        gate.enter()
+                        rec = gate.enter()
                     txn = self.env.begin(buffers=buffers)
             if not borrowed:
-                gate.push(txn)
+                gate.push(rec, txn)
             try:
                 yield txn
             except lmdb.Error as exc:
@@ -320,10 +338,10 @@ class Env:
                                        f"`npmdb check {self.path}`)") from exc
             finally:
                 if not borrowed:
-                    gate.pop(txn)
+                    gate.pop(rec, txn)
                     txn.abort()
         finally:
-            gate.leave()
+            gate.leave(rec)
 
     def _begin(self, buffers: bool) -> lmdb.Transaction:
         """A read transaction; a full reader table is cleared of the slots of dead
@@ -361,7 +379,7 @@ class Env:
         while True:
             resize = None
             self._headroom()
-            self._gate.enter()
+            rec = self._gate.enter()
             try:
                 try:
                     txn = self.env.begin(write=True)
@@ -394,7 +412,7 @@ class Env:
                         txn.abort()
                         raise
             finally:
-                self._gate.leave()
+                self._gate.leave(rec)
             if resize == 0:
                 self._resize(0)
             else:

@@ -22,17 +22,17 @@ refresh all run as the Writer of their handle:
 from __future__ import annotations
 
 import errno
-import fcntl
-import os
 import re
 import threading
 import time
+from collections import deque
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from npmdb.errors import Error, IntegrityError, OperationalError, ProgrammingError
+from npmdb.errors import (Error, IntegrityError, InterfaceError, OperationalError,
+                          ProgrammingError)
 
 from . import codec as C
 from . import format as F
@@ -40,62 +40,12 @@ from . import versions as V
 from .cleanup import recover, remove_segment, seal
 from .dense import DenseParams
 from .env import Env, file_id
+from .filelock import FileLock
 from .integrity import seal_segment
 from .segment_writer import Bar, SegmentWriter, no_bar
 from .segments import Readers, SegmentReader
 
 __all__ = ["Writer", "Transaction", "FileLock"]
-
-
-class FileLock:
-    """An exclusive, process-level lock (``flock`` on ``write.lock``). LMDB serialises its
-    own write transactions, but a change does long work (encoding, index builds) before
-    its commit transaction, so a whole change holds this lock."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path) / "write.lock"
-        self.fd: int | None = None
-
-    def acquire(self, timeout: float) -> None:
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise OperationalError(f"cannot open the writer lock {self.path}: {exc}") from exc
-        deadline = time.monotonic() + max(timeout, 0.0)
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    holder = _read_pid(fd)
-                    os.close(fd)
-                    who = f" (pid {holder})" if holder else ""
-                    raise OperationalError(
-                        f"the database {self.path.parent} is locked by another writer{who}; "
-                        "retry when it has finished, or let the call wait: timeout=SECONDS "
-                        "in Python, --timeout SECONDS on the command line"
-                        ) from None
-                time.sleep(0.05)
-        try:  # the pid is informational; a full disk must not stop the writer here
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, str(os.getpid()).encode(), 0)
-        except OSError:
-            pass
-        self.fd = fd
-
-    def release(self) -> None:
-        if self.fd is not None:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)
-            self.fd = None
-
-
-def _read_pid(fd: int) -> int | None:
-    try:
-        return int(os.pread(fd, 32, 0).decode().strip() or 0) or None
-    except (OSError, ValueError):
-        return None
 
 
 @dataclass
@@ -214,6 +164,8 @@ class Writer:
         self._cond = threading.Condition()
         self._owner: int | None = None
         self._depth = 0
+        self._queue: deque[object] = deque()  # threads waiting for the writer, in turn
+        self._closed = False
         self._changes: _Changes | None = None
         self._allocated: list[int] = []  # segment numbers handed out while held
 
@@ -315,20 +267,32 @@ class Writer:
             self.config.update(config)
 
     def _enter(self, timeout: float) -> bool:
+        """Become the writer (False: this thread already is). Threads waiting take it in
+        the order they came: a thread that writes in a loop let go and took it again before
+        a waiting thread woke, which then timed out."""
         me = threading.get_ident()
         with self._cond:
+            self.check_open()
             if self._owner == me:
                 self._depth += 1
                 return False
-            deadline = time.monotonic() + max(timeout, 0.0)
-            while self._owner is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise OperationalError(
-                        f"the database {self.root} is locked by another writer (a thread of "
-                        "this process is writing through the same handle); wait for it to "
-                        "finish, or pass timeout= to wait")
-                self._cond.wait(left)
+            turn = object()
+            self._queue.append(turn)
+            try:
+                deadline = time.monotonic() + max(timeout, 0.0)
+                while self._owner is not None or self._queue[0] is not turn:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        waited = f"waited {timeout:g} s: " if timeout > 0 else ""
+                        raise OperationalError(
+                            f"the database {self.root} is locked by another writer (a thread "
+                            f"of this process is writing through the same handle); {waited}"
+                            "wait for it to finish, or pass a longer timeout=")
+                    self._cond.wait(left)
+                    self.check_open()
+            finally:
+                self._queue.remove(turn)
+                self._cond.notify_all()  # the next in turn looks again
             self._owner, self._depth = me, 1
             return True
 
@@ -339,6 +303,14 @@ class Writer:
                 self._file.release()
                 self._owner = None
                 self._cond.notify_all()
+
+    def check_open(self) -> None:
+        """Refuse to go on once the handle is closed (a thread writing while another closed
+        the handle wrote on without the lock, beside another handle's writer)."""
+        if self._closed:
+            raise InterfaceError("the database handle was closed (by another thread, while "
+                                 "this one was writing); nothing more was written: open it "
+                                 "again")
 
     @property
     def held(self) -> bool:
@@ -353,9 +325,19 @@ class Writer:
         except OperationalError:
             pass  # another writer is active; it recovers on its own
 
-    def close(self) -> None:
+    def close(self, wait: float = 60.0) -> None:
+        """Close the writer: a thread writing stops at its next step (InterfaceError, its
+        change rolled back) and lets go of the lock; waited for up to ``wait`` seconds,
+        and the file lock is never released under it."""
+        me = threading.get_ident()
+        deadline = time.monotonic() + wait
         with self._cond:
-            self._file.release()
+            self._closed = True
+            self._cond.notify_all()
+            while self._owner not in (None, me) and (left := deadline - time.monotonic()) > 0:
+                self._cond.wait(left)
+            if self._owner in (None, me):
+                self._file.release()
 
     # -- transactions --------------------------------------------------------------------
 
@@ -439,6 +421,7 @@ class Writer:
         transaction, a failed call's segments are removed at its savepoint."""
         if not self.held:
             raise ProgrammingError("allocating a segment needs the writer: use Writer.hold()")
+        self.check_open()
         with self.env.read() as txn:
             nxt = V.next_id(txn, self.env.dbs, "next_segment")
         seg = max([nxt] + [s + 1 for s in self._allocated])
@@ -553,6 +536,7 @@ class Writer:
     def _commit(self, ops: Sequence[V.Operation], read: V.Manifest | None, *,
                 message: str = "", info: dict | None = None, tag: str | None = None,
                 meta: dict[bytes, Any] | None = None) -> V.Manifest:
+        self.check_open()
         def sealer(txn, seg: int, docs: int | None) -> None:
             seal_segment(txn, self.env.dbs, self.root, seg, gen_limit=None, docs=docs)
 

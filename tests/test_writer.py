@@ -382,3 +382,125 @@ def test_a_handle_writes_with_the_settings_another_handle_converted_to(new_db):
     assert new_db.config["dense"] == "faiss-flat" and new_db.config["codec"] == "int8"
     new_db.optimize()
     assert set(new_db.stats()["index"]) == {"faiss-flat"}
+
+
+# -- 4. threads of one process, found by a hunt ---------------------------------------------
+
+
+def test_a_ctrl_c_while_the_lock_is_taken_never_leaves_it_held(tmp_path, monkeypatch):
+    """An interrupt after flock() but before the descriptor was recorded left the lock
+    held (by a descriptor nothing closed) until the process ended: every later write of
+    every handle and process was 'locked by another writer'."""
+    from npmdb.storage.transaction import FileLock
+
+    lock = FileLock(tmp_path)
+
+    def interrupted(fd, length):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(os, "ftruncate", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        lock.acquire(0.0)
+    lock.release()
+    monkeypatch.undo()
+    other = FileLock(tmp_path)
+    other.acquire(0.0)
+    other.release()
+
+
+def test_a_writer_thread_in_a_loop_does_not_starve_another(tmp_path, tiny_encoder):
+    """Threads take the writer in turn: a thread adding in a loop let go and took it again
+    before the waiting thread woke, whose delete then timed out."""
+    with npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False, timeout=5) as db:
+        db.add(_docs("a", 2))
+        stop = threading.Event()
+
+        def loop():
+            n = 0
+            while not stop.is_set():
+                db.add([{"id": f"l{n}", "text": "Thessaloniki is a city."}])
+                n += 1
+        t = threading.Thread(target=loop)
+        t.start()
+        try:
+            time.sleep(0.5)
+            t0 = time.monotonic()
+            db.delete("a0")
+            waited = time.monotonic() - t0
+        finally:
+            stop.set()
+            t.join(60)
+        assert db.get("a0") is None and waited < 5, waited
+
+
+def test_closing_a_handle_stops_its_writing_thread_before_letting_go(tmp_path, tiny_encoder):
+    """db.close() while another thread added released the file lock under it: the add
+    wrote on beside another handle's writer, and its rollback removed a segment the other
+    had committed (HEAD unreadable). Now the writing thread stops (InterfaceError, nothing
+    committed) before the lock is let go, and the other handle's commit stays whole."""
+    from npmdb.storage import transaction as T
+
+    path = tmp_path / "db"
+    with npmdb.open(path, encoder=tiny_encoder, progress=False) as db:
+        db.add(_docs("a", 2))
+    a = npmdb.open(path, progress=False)
+    b = npmdb.open(path, progress=False, timeout=60)  # another worker's handle
+    inside = threading.Event()
+    allocate = T.Writer.allocate_segment
+
+    def allocate_and_say(self):  # the real allocation; tells the test the add is under way
+        seg = allocate(self)
+        inside.set()
+        time.sleep(0.3)
+        return seg
+    out: dict = {}
+
+    def add():
+        try:
+            out["vid"] = a.add(_docs("t", 300))
+        except npmdb.Error as exc:
+            out["error"] = exc
+    T.Writer.allocate_segment = allocate_and_say
+    try:
+        t = threading.Thread(target=add)
+        t.start()
+        assert inside.wait(60)
+        a.close()
+        T.Writer.allocate_segment = allocate
+        b.add(_docs("b", 3))                 # while the closed handle's add would go on
+        t.join(120)
+    finally:
+        T.Writer.allocate_segment = allocate
+    assert isinstance(out.get("error"), npmdb.InterfaceError), out
+    with b:
+        assert b.count() == 5 and b.get("t0") is None
+        assert b.check().ok
+
+
+def test_a_documents_iterator_finished_on_another_thread(tmp_path, tiny_encoder):
+    """A web server resumes a streamed iterator on whichever worker is free: the thread
+    that finished it counted a transaction it never began (-1), the one that began it
+    kept one (its map growth refused for good), and close() waited 60 s for nothing."""
+    import queue
+
+    db = npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False)
+    db.add(_docs("a", 20))
+    jobs: queue.Queue = queue.Queue()
+    done: queue.Queue = queue.Queue()
+
+    def worker():
+        while (job := jobs.get()) is not None:
+            done.put(job())
+    w = threading.Thread(target=worker)
+    w.start()
+    docs = db.documents()
+    jobs.put(lambda: next(docs)["id"])
+    assert done.get(timeout=60) == "a0"
+    assert sum(1 for _ in docs) == 19            # finished on this thread
+    gate = db.env._gate
+    jobs.put(lambda: gate._own().n)
+    assert (gate.live, gate._own().n, done.get(timeout=60)) == (0, 0, 0)
+    jobs.put(None)
+    w.join(60)
+    t0 = time.monotonic()
+    db.close()
+    assert time.monotonic() - t0 < 5

@@ -4,7 +4,7 @@ vectors to the segment writer."""
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
@@ -24,12 +24,15 @@ WINDOW = 256  # blocks per encode_blocks call
 
 
 def encode_into(sw: "SegmentWriter", encoder: "Encoder", tokens: np.ndarray,
-                block_ptr: np.ndarray, bar) -> None:
+                block_ptr: np.ndarray, bar, check: Callable[[], None] = lambda: None
+                ) -> None:
     """Encode the blocks (``tokens[block_ptr[b]:block_ptr[b+1]]``) window by window and
-    hand their vectors, in token order, to ``sw``."""
+    hand their vectors, in token order, to ``sw``; ``check()`` before each window raises
+    to stop (the writer's handle was closed)."""
     sw.code_ahead = leaves_a_core(encoder)
     n_blocks = len(block_ptr) - 1
     for b0 in range(0, n_blocks, WINDOW):
+        check()
         b1 = min(b0 + WINDOW, n_blocks)
         hidden = encoder.encode_blocks([tokens[block_ptr[b]:block_ptr[b + 1]]
                                         for b in range(b0, b1)])
@@ -61,5 +64,5 @@ def write_segment(writer: "Writer", encoder: "Encoder", docs: Sequence[Document]
     sw = writer.segment_writer(seg, writer.generation)
     sw.add_documents(prep.docs, prep.columns())
     encode_into(sw, encoder, prep.tokens, prep.block_ptr,
-                writer.progress(len(prep.tokens), "encode", "tok"))
+                writer.progress(len(prep.tokens), "encode", "tok"), writer.check_open)
     return sw.finish()
