@@ -615,7 +615,7 @@ def test_resume_refuses_settings_it_would_not_use(db_copy, capsys):
     path = str(db_copy.path)
     db_copy.close()
     assert main(["train", path, "--resume", "--steps", "3", "--batch-blocks", "8", "-q"]) == 2
-    assert "--batch-blocks=8 (saved: 4)" in capsys.readouterr().err
+    assert "--batch-blocks 8 (saved: 4)" in capsys.readouterr().err
     assert main(["train", path, "--resume", "--steps", "3", "--batch-blocks", "4", "-q"]) == 0
 
 
