@@ -51,13 +51,14 @@ def delete_segment_data(txn, dbs, seg: int, *, gens: list[int] | None = None,
         prune_sums(txn, dbs, seg, gens)
 
 
-def remove_segment(env: Env, root: Path, seg: int) -> None:
+def remove_segment(env: Env, root: Path, seg: int, *, uncommitted: bool = True) -> None:
     """Remove every trace of an uncommitted segment: its LMDB data and its directories.
-    A segment that is recorded or that a version names is committed data: kept (a writer
-    that lost its lock must not remove what another committed under the same number)."""
+    ``uncommitted``: only if its number is still past every commit's (``next_segment``):
+    a number below it was committed by some writer (a rollback must not remove what
+    another committed under the same number); recovery, which checked the versions
+    itself, passes False."""
     def remove(txn) -> bool:
-        if txn.get(F.u32(seg), db=env.dbs["segments"]) is not None or \
-                seg in named_segments(txn, env.dbs):
+        if uncommitted and seg < V.next_id(txn, env.dbs, "next_segment"):
             return False
         delete_segment_data(txn, env.dbs, seg)
         return True
@@ -130,7 +131,7 @@ def recover(env: Env, root: Path) -> None:
         with env.read() as txn:
             orphans -= named_segments(txn, dbs)
     for seg in sorted(orphans):
-        remove_segment(env, root, seg)
+        remove_segment(env, root, seg, uncommitted=False)
     empty_trash(env, root)
     if stale_gens:
         def drop(txn):

@@ -310,6 +310,7 @@ class Env:
         gate = self._gate
         self._headroom()
         rec = gate.enter()
+        entered = True  # left once: a failed re-entry below must not be left again
         try:
             borrowed = False
             try:
@@ -324,10 +325,12 @@ class Env:
                     txn, borrowed = outer, True
                 else:
                     gate.leave(rec)
+                    entered = False
                     try:  # another process grew the map: adopt its size
                         self._gate.resize(self.env, 0, self.path, timeout=5.0)
                     finally:
                         rec = gate.enter()
+                        entered = True
                     txn = self.env.begin(buffers=buffers)
             if not borrowed:
                 gate.push(rec, txn)
@@ -341,7 +344,8 @@ class Env:
                     gate.pop(rec, txn)
                     txn.abort()
         finally:
-            gate.leave(rec)
+            if entered:
+                gate.leave(rec)
 
     def _begin(self, buffers: bool) -> lmdb.Transaction:
         """A read transaction; a full reader table is cleared of the slots of dead

@@ -325,10 +325,11 @@ class Writer:
         except OperationalError:
             pass  # another writer is active; it recovers on its own
 
-    def close(self, wait: float = 60.0) -> None:
-        """Close the writer: a thread writing stops at its next step (InterfaceError, its
-        change rolled back) and lets go of the lock; waited for up to ``wait`` seconds,
-        and the file lock is never released under it."""
+    def close(self, wait: float = 10.0) -> None:
+        """Close the writer: a thread writing stops at its next step (InterfaceError; what
+        it wrote is removed by the next writer's recovery) and lets go of the lock, waited
+        for up to ``wait`` seconds (a thread between the calls of a batch stops at its next
+        call); the file lock is never released under it."""
         me = threading.get_ident()
         deadline = time.monotonic() + wait
         with self._cond:
@@ -336,8 +337,8 @@ class Writer:
             self._cond.notify_all()
             while self._owner not in (None, me) and (left := deadline - time.monotonic()) > 0:
                 self._cond.wait(left)
-            if self._owner in (None, me):
-                self._file.release()
+            if self._owner is None:  # an owner lets go at its end (this thread's too:
+                self._file.release()  # its batch's rollback still needs the lock)
 
     # -- transactions --------------------------------------------------------------------
 
@@ -406,6 +407,11 @@ class Writer:
         return self._changes
 
     def _remove(self, segments: Sequence[int]) -> None:
+        """Remove the segments an undone change wrote, holding the file lock (without it,
+        another writer may be writing the same numbers: the next writer's recovery
+        removes them instead)."""
+        if self._file.fd is None or self._closed:
+            return
         for seg in segments:
             remove_segment(self.env, self.root, seg)
 

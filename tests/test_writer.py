@@ -504,3 +504,61 @@ def test_a_documents_iterator_finished_on_another_thread(tmp_path, tiny_encoder)
     t0 = time.monotonic()
     db.close()
     assert time.monotonic() - t0 < 5
+
+
+def test_close_inside_the_own_batch_keeps_the_lock_for_its_end(tmp_path, tiny_encoder):
+    """close() from the thread that holds the writer let go of the file lock at once: the
+    batch's rollback then removed its segment without the lock, while another handle could
+    be writing the same segment number."""
+    from npmdb.storage.filelock import FileLock
+
+    path = tmp_path / "db"
+    with npmdb.open(path, encoder=tiny_encoder, progress=False) as db:
+        db.add(_docs("a", 2))
+    a = npmdb.open(path, progress=False)
+    other = FileLock(path)
+    with pytest.raises(RuntimeError, match="undo"):
+        with a.batch():
+            a.add(_docs("t", 5))
+            a.close()
+            with pytest.raises(npmdb.OperationalError, match="locked"):
+                other.acquire(0.0)              # still this batch's
+            raise RuntimeError("undo")
+    other.acquire(0.0)                          # let go at the batch's end
+    other.release()
+    with npmdb.open(path, progress=False) as b:
+        b.add(_docs("b", 3))
+        assert b.count() == 5 and b.get("t0") is None and b.check().ok
+
+
+def test_a_read_refused_while_its_map_is_adopted_leaves_the_gate_once(tmp_path, tiny_encoder,
+                                                                      monkeypatch):
+    """Another process grew the map, this thread left the gate to adopt the size, and a
+    close() meanwhile refused its re-entry: the read left the gate a second time (live
+    and the thread's count -1: a later remap would not wait for this thread's reads)."""
+    import lmdb
+
+    db = npmdb.open(tmp_path / "db", encoder=tiny_encoder, progress=False)
+    db.add(_docs("a", 2))
+    env, gate = db.env, db.env._gate
+    begin, resize, calls = env._begin, gate.resize, []
+
+    def grown_once(buffers):
+        calls.append(1)
+        if len(calls) == 1:
+            raise lmdb.MapResizedError("another process grew the map")
+        return begin(buffers)
+
+    def resize_then_closed(*a, **kw):
+        resize(*a, **kw)
+        t = threading.Thread(target=gate.drain, args=(0.1,))  # another thread's close()
+        t.start()
+        t.join()
+    monkeypatch.setattr(env, "_begin", grown_once)
+    monkeypatch.setattr(gate, "resize", resize_then_closed)
+    with pytest.raises(npmdb.InterfaceError):
+        with env.read():
+            pass
+    assert (gate.live, gate._own().n) == (0, 0)
+    monkeypatch.undo()
+    db.close()
