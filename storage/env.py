@@ -97,19 +97,22 @@ class _Gate:
         return rec
 
     def push(self, rec: "_Thread", txn) -> None:
-        rec.txns.append(txn)
+        with self.cond:  # a generator's transaction may end on another thread
+            rec.txns.append(txn)
 
     def pop(self, rec: "_Thread", txn) -> None:
-        stack = rec.txns
-        for i in range(len(stack) - 1, -1, -1):  # generators may close out of order
-            if stack[i] is txn:
-                del stack[i]
-                break
+        with self.cond:
+            stack = rec.txns
+            for i in range(len(stack) - 1, -1, -1):  # generators may close out of order
+                if stack[i] is txn:
+                    del stack[i]
+                    break
 
     def outer(self):
         """This thread's innermost open read transaction, if any."""
-        stack = self._own().txns
-        return stack[-1] if stack else None
+        rec = self._own()
+        with self.cond:
+            return rec.txns[-1] if rec.txns else None
 
     def leave(self, rec: "_Thread") -> None:
         idle = None
