@@ -287,6 +287,11 @@ def main(argv=None) -> int:
     os.environ.setdefault("RUST_LOG", "error")  # LanceDB chatter
     os.environ.setdefault("LANCE_LOG", "error")
 
+    only = [s for s in args.only.split(",") if s]
+    skip = [s for s in args.skip.split(",") if s]
+    unknown = [s for s in only + skip if s not in STEPS]
+    if unknown:  # before any work: it failed as a step after the main database's build
+        ap.error(f"unknown step(s) {', '.join(unknown)}; the steps are {', '.join(STEPS)}")
     require_data(args.data, "corpus.jsonl.gz", "cloze.jsonl", error=ap.error)
     quick = args.quick
     q = args.queries or (30 if quick else 100)
@@ -301,8 +306,7 @@ def main(argv=None) -> int:
         cfg.update(queries=q, ks=[8, 64], ingest_docs=40, ann_queries=3, ann_ks=[8, 64],
                    em_queries=3, codecs=["float16", "int8", "pq"], codec_queries=3,
                    peer_queries=3, growth_queries=3)
-    steps = [s for s in (args.only.split(",") if args.only else STEPS) if s]
-    steps = [s for s in steps if s not in args.skip.split(",")]
+    steps = [s for s in (only or STEPS) if s not in skip]
     name = f"bench-{args.data.name}" + ("-smoke" if args.smoke else "-quick" if quick else "")
     path = args.results / f"{name}.json"
     results: dict = {"data": str(args.data), "quick": quick, "smoke": args.smoke, "config": cfg,
@@ -310,6 +314,7 @@ def main(argv=None) -> int:
     if path.exists() and args.only:  # a partial re-run keeps the other steps' results
         old = json.loads(path.read_text())
         results["steps"] = old.get("steps", {})
+        results["errors"] = old.get("errors", {})  # a step that failed stays failed
 
     def save() -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import SMALL_DATA, load_jsonl, publish, require_data
+from .common import SMALL_DATA, WORK, load_jsonl, publish, require_data
 
 KS = (64, 256, 1024, 4096)
 EF_FACTORS = (1.0, 1.5, 2.0, 3.0)
@@ -201,7 +201,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=SMALL_DATA)
     ap.add_argument("--db", type=Path, default=None)
-    ap.add_argument("--work", type=Path, default=Path("bench/work"))
+    ap.add_argument("--work", type=Path, default=WORK)
     ap.add_argument("--queries", type=int, default=100)
     ap.add_argument("--em-queries", type=int, default=200)
     args = ap.parse_args(argv)

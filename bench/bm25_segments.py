@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import SMALL_DATA, load_jsonl, machine, percentiles, publish, require_data
+from .common import SMALL_DATA, WORK, load_jsonl, machine, percentiles, publish, require_data
 
 LAYOUTS = (1, 4, 16)
 
@@ -140,7 +140,7 @@ def main(argv=None) -> int:
     require_data(args.data, "corpus.jsonl.gz", "cloze.jsonl", error=ap.error)
     from .quality import build_db
 
-    work = Path("bench/work")
+    work = WORK
     work.mkdir(parents=True, exist_ok=True)
     main_db = args.db or work / f"{args.data.name}.npmdb"
     build_db(main_db, args.data / "corpus.jsonl.gz").close()

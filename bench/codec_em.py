@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import SMALL_DATA, load_jsonl, machine, publish, require_data
+from .common import SMALL_DATA, WORK, load_jsonl, machine, publish, require_data
 from .quality import evaluate_cloze
 
 CODECS = ("int8", "pq")
@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     ap.add_argument("--db", type=Path, required=True, help="a trained database")
     ap.add_argument("--data", type=Path, default=SMALL_DATA,
                     help="the data it was built from (corpus.jsonl.gz, cloze.jsonl)")
-    ap.add_argument("--work", type=Path, default=Path("bench/work"))
+    ap.add_argument("--work", type=Path, default=WORK)
     args = ap.parse_args(argv)
     require_data(args.data, "corpus.jsonl.gz", "cloze.jsonl", error=ap.error)
     args.work.mkdir(parents=True, exist_ok=True)

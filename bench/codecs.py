@@ -28,7 +28,7 @@ import numpy as np
 
 from npmdb.evaluation import exact_match
 
-from .common import SMALL_DATA, load_jsonl, publish, require_data
+from .common import SMALL_DATA, WORK, load_jsonl, publish, require_data
 
 CODECS = ("float16", "int8", "pq", "pq48")
 
@@ -230,7 +230,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=SMALL_DATA)
     ap.add_argument("--db", type=Path, default=None, help="main float16 database (one add)")
-    ap.add_argument("--work", type=Path, default=Path("bench/work"))
+    ap.add_argument("--work", type=Path, default=WORK)
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--codecs", default=",".join(CODECS))
     args = ap.parse_args(argv)

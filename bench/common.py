@@ -20,6 +20,8 @@ ROOT = RESULTS.parent.parent
 DEV_DATA = ROOT.parent / "shared" / "data" / "dev"
 #: The bundled sample data (corpus.jsonl.gz, cloze.jsonl, ...).
 SMALL_DATA = ROOT / "npmdb" / "data" / "dev-small"
+#: Databases the benchmarks build (found from the repository, as the data).
+WORK = ROOT / "bench" / "work"
 
 
 def _shown(path: Path) -> str:
@@ -42,6 +44,39 @@ def require_data(data: Path, *files: str, error=None) -> None:
     if error is not None:
         error(msg)
     raise SystemExit(msg)
+
+
+def count(text: str, *, zero: bool = False) -> int:
+    """An argparse type: a whole number above 0 (``zero``: 0 too)."""
+    import argparse
+
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if n < (0 if zero else 1):
+        raise argparse.ArgumentTypeError(f"must be {'0 or more' if zero else 'at least 1'}, "
+                                         f"got {n}")
+    return n
+
+
+def counts(text: str) -> list[int]:
+    """An argparse type: whole numbers above 0, joined by commas (``64,1024``)."""
+    return [count(t) for t in text.split(",") if t.strip()] or [count("")]
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a positive number of seconds."""
+    import argparse
+    import math
+
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return v
 
 
 def load_jsonl(path: Path) -> list[dict]:

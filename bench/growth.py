@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .common import SMALL_DATA, load_jsonl, publish, require_data
+from .common import SMALL_DATA, WORK, load_jsonl, publish, require_data
 
 FRACTIONS = (0.1, 0.3, 1.0)
 
@@ -71,7 +71,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=SMALL_DATA)
     ap.add_argument("--db", type=Path, default=None)
-    ap.add_argument("--work", type=Path, default=Path("bench/work"))
+    ap.add_argument("--work", type=Path, default=WORK)
     ap.add_argument("--queries", type=int, default=100)
     args = ap.parse_args(argv)
     require_data(args.data, "corpus.jsonl.gz", "cloze.jsonl", error=ap.error)

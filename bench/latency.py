@@ -19,7 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from .common import SMALL_DATA, load_jsonl, machine, percentiles, require_data, write_result
+from .common import (SMALL_DATA, WORK, count, counts, load_jsonl, machine, percentiles,
+                     require_data, write_result)
 
 KS = (64, 256, 1024, 4096)
 
@@ -106,27 +107,37 @@ def open_time(path: Path, repeats: int = 5) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m bench.latency", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=SMALL_DATA)
     ap.add_argument("--db", type=Path, default=None)
-    ap.add_argument("--queries", type=int, default=100)
-    ap.add_argument("--ingest-docs", type=int, default=1500)
-    ap.add_argument("--ks", default=",".join(map(str, KS)))
+    ap.add_argument("--queries", type=count, default=100)
+    ap.add_argument("--ingest-docs", type=count, default=1500)
+    ap.add_argument("--ks", type=counts, default=list(KS), help="dense k values: 64,1024")
     ap.add_argument("--name", default=None)
     args = ap.parse_args(argv)
     require_data(args.data, "corpus.jsonl.gz", "cloze.jsonl", error=ap.error)
+    import npmdb
+
+    try:
+        return _run(args)
+    except npmdb.Error as exc:  # a database path that is a file, a k past the limit
+        ap.error(str(exc))
+
+
+def _run(args) -> int:
 
     import npmdb
     from .quality import build_db
 
-    db_path = args.db or Path("bench/work") / f"{args.data.name}.npmdb"
+    db_path = args.db or WORK / f"{args.data.name}.npmdb"
     db_path.parent.mkdir(parents=True, exist_ok=True)
     build_db(db_path, args.data / "corpus.jsonl.gz").close()
     queries = [r["query"] for r in load_jsonl(args.data / "cloze.jsonl")][: args.queries]
     out = {"data": str(args.data), "db": str(db_path), "machine": machine(), "latency": [],
            "breakdown": {}}
     out["open_ms"] = open_time(db_path)
-    ks = [int(k) for k in args.ks.split(",")]
+    ks = args.ks
     with npmdb.open(db_path, readonly=True, progress=False) as db:
         out["stats"] = {k: v for k, v in db.stats().items() if k != "config"}
         for retrieval in ("dense", "bm25", "hybrid"):

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import SMALL_DATA, load_jsonl, percentiles, publish, require_data
+from .common import SMALL_DATA, WORK, load_jsonl, percentiles, publish, require_data
 
 
 class LancePipeline:
@@ -211,7 +211,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=SMALL_DATA)
     ap.add_argument("--db", type=Path, default=None)
-    ap.add_argument("--work", type=Path, default=Path("bench/work"))
+    ap.add_argument("--work", type=Path, default=WORK)
     ap.add_argument("--queries", type=int, default=100)
     ap.add_argument("--lance-index", default="none", choices=("none", "ivf_pq"))
     args = ap.parse_args(argv)

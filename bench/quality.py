@@ -14,12 +14,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 from npmdb.arguments import parse_assignments
 from npmdb.evaluation import evaluate
 
-from .common import SMALL_DATA, load_jsonl, machine, require_data, write_result
+from .common import SMALL_DATA, WORK, count, load_jsonl, machine, require_data, write_result
 
 MODES = ("bm25", "dense", "hybrid")
 #: The files of ``--data`` that each task reads.
@@ -92,7 +93,8 @@ def build_db(path: Path, corpus: Path, encoder=None):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m bench.quality", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=SMALL_DATA)
     ap.add_argument("--db", type=Path, default=None, help="database (built from the data's corpus if empty)")
     ap.add_argument("--sentiment-db", type=Path, default=None,
@@ -101,7 +103,8 @@ def main(argv=None) -> int:
     ap.add_argument("--encoder", default=None)
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--tasks", default="cloze,translation,sentiment")
-    ap.add_argument("--limit", type=int, default=0, help="first N queries per task (0 = all)")
+    ap.add_argument("--limit", type=partial(count, zero=True), default=0,
+                    help="first N queries per task (0 = all)")
     ap.add_argument("--version", default=None, help="AS OF this version id or tag")
     ap.add_argument("--name", default=None, help="result file name (bench/results/NAME.json; a --split run appends -split-SPLIT)")
     ap.add_argument("--split", choices=("all", "held-out", "trained"), default="all",
@@ -137,7 +140,7 @@ def run(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
                          if n in {f.name for f in _fields(ClassifySpec)}}
 
     data = args.data
-    db_path = args.db or Path("bench/work") / f"{data.name}.npmdb"
+    db_path = args.db or WORK / f"{data.name}.npmdb"
     db_path.parent.mkdir(parents=True, exist_ok=True)
     modes = [m for m in args.modes.split(",") if m]
     version = int(args.version) if args.version and args.version.isdigit() else args.version
@@ -175,11 +178,14 @@ def run(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
                 out["tasks"][task] = {m: evaluate_cloze(db, rows, m, max_len=max_len,
                                                         version=version, options=options, **kw)
                                       for m in modes}
-    if "sentiment" in tasks:
+    if "sentiment" in tasks and args.split != "all":  # its reviews have no split
+        print("sentiment is not scored in a --split run (the reviews are not the corpus "
+              "the encoder trained on or held out)", file=sys.stderr)
+    elif "sentiment" in tasks:
         # Reviews are the reference corpus for sentiment (data README); they are encoded
         # with the same encoder as the evaluated version, so a trained generation is
         # judged on sentiment with its own weights.
-        sdb_path = args.sentiment_db or (Path("bench/work") /
+        sdb_path = args.sentiment_db or (WORK /
                                          f"{data.name}-reviews-{enc_info.fingerprint[:12]}.npmdb")
         import npmdb
         with npmdb.open(sdb_path, encoder=enc_path, progress=True) as sdb:

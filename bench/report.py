@@ -449,8 +449,19 @@ def write_report(res: dict, name: str, md_path: Path | None = None,
     md_path.parent.mkdir(parents=True, exist_ok=True)
     plots = {k: os.path.relpath(ROOT / v, md_path.parent.resolve())  # links from the report
              for k, v in plots.items()}
-    md_path.write_text(render(res, plots, results_dir))
+    md_path.write_text(_relink(render(res, plots, results_dir), md_path.parent.resolve()))
     return md_path, plots
+
+
+def _relink(markdown: str, md_dir: Path) -> str:
+    """Links that other results write from the repository's root (``](bench/results/x.png)``
+    in a copied section) made relative to where this report is (they were broken in a
+    report under bench/results)."""
+    import os
+    import re
+
+    return re.sub(r"\]\((bench/results/[^)\s]+)\)",
+                  lambda m: f"]({os.path.relpath(ROOT / m.group(1), md_dir)})", markdown)
 
 
 def write(res: dict, name: str, md_path: Path | None = None,

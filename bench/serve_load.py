@@ -31,7 +31,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from .common import load_jsonl, percentiles, publish, require_data, vs_limit
+from .common import (SMALL_DATA, WORK, count, load_jsonl, percentiles, publish, require_data,
+                     seconds, vs_limit)
 
 NAME = "serve_load"
 TARGET = 1.3
@@ -205,11 +206,11 @@ def render(out: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.serve_load",
                                  description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", type=Path, default=Path("npmdb/data/dev-small"))
-    ap.add_argument("--db", type=Path, default=Path("bench/work/dev-small.npmdb"),
+    ap.add_argument("--data", type=Path, default=SMALL_DATA)
+    ap.add_argument("--db", type=Path, default=WORK / "dev-small.npmdb",
                     help="database (built from the data's corpus when missing)")
-    ap.add_argument("--clients", type=int, default=4)
-    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--clients", type=count, default=4)
+    ap.add_argument("--seconds", type=seconds, default=20.0)
     ap.add_argument("--modes", default="bm25,dense", help="'' measures nothing")
     ap.add_argument("--screenshot", type=Path, default=None,
                     help="save the query page (headless chromium) to this PNG")
@@ -218,13 +219,20 @@ def main(argv=None) -> int:
                          f"clients, bm25,dense; {NAME}-<modes>-<clients>c-<seconds>s otherwise)")
     args = ap.parse_args(argv)
     args.modes = [m for m in args.modes.split(",") if m]
+    unknown = [m for m in args.modes if m not in ("bm25", "dense", "hybrid")]
+    if unknown:
+        ap.error(f"unknown mode(s) {', '.join(unknown)}: --modes takes bm25, dense, hybrid")
     require_data(args.data, error=ap.error)
-    if not (args.db / "data.mdb").exists():
-        import npmdb
-        print(f"building {args.db} from {args.data} …", file=sys.stderr)
-        with npmdb.open(args.db, progress=True) as db:
-            db.add(args.data / "corpus.jsonl.gz", message="sample corpus")
-    out = run(args)
+    import npmdb
+
+    try:
+        if not (args.db / "data.mdb").exists():
+            print(f"building {args.db} from {args.data} …", file=sys.stderr)
+            with npmdb.open(args.db, progress=True) as db:
+                db.add(args.data / "corpus.jsonl.gz", message="sample corpus")
+        out = run(args)
+    except npmdb.Error as exc:  # a database path that is a file, …
+        ap.error(str(exc))
     if not args.modes:
         return 0
     publish(result_name(args.seconds, args.clients, args.modes, args.name), out, render)

@@ -391,3 +391,41 @@ def test_main_database_build_prints_progress_lines_to_a_log(tiny_data, tiny_enco
     assert "building the main database" in err
     assert "tokenize: " in err and "encode: " in err and " tok in " in err
     assert "\r" not in err and info["encoder"]["fingerprint"]
+
+
+@pytest.mark.parametrize("module, argv, said", [
+    ("bench", ["--only", "latency,foo"], "unknown step(s) foo"),
+    ("bench", ["--skip", "bar"], "unknown step(s) bar"),
+    ("bench.latency", ["--queries", "0"], "--queries: must be at least 1"),
+    ("bench.latency", ["--ingest-docs", "-1"], "--ingest-docs: must be at least 1"),
+    ("bench.latency", ["--ks", "64,abc"], "--ks: expected a whole number"),
+    ("bench.quality", ["--limit", "-360"], "--limit: must be 0 or more"),
+    ("bench.serve_load", ["--clients", "0"], "--clients: must be at least 1"),
+    ("bench.serve_load", ["--seconds", "-1"], "--seconds: expected a positive number"),
+    ("bench.serve_load", ["--modes", "foo"], "unknown mode(s) foo"),
+])
+def test_bad_arguments_stop_before_any_work(module, argv, said, capsys, monkeypatch):
+    """They ran (a count of -1 took all but one document, 0 wrote NaN rows, a step named
+    foo failed only after the main database's build) or ended in a traceback."""
+    import importlib
+
+    import npmdb
+
+    opened = []
+    monkeypatch.setattr(npmdb, "open", lambda *a, **k: opened.append(a) or 1 / 0)
+    mod = importlib.import_module(module if module != "bench" else "bench.__main__")
+    with pytest.raises(SystemExit) as exc:
+        mod.main(argv)
+    assert exc.value.code == 2 and said in capsys.readouterr().err
+    assert not opened
+
+
+def test_a_report_elsewhere_links_the_scale_plots_from_where_it_is(tmp_path):
+    """Sections copied from other results link their plots from the repository's root:
+    broken in a report under bench/results."""
+    from bench.report import ROOT, _relink
+
+    md = "![x](bench/results/corpus-size-a.png) and [y](bench/results/b.md)"
+    assert _relink(md, ROOT.resolve()) == md
+    assert _relink(md, (ROOT / "bench" / "results").resolve()) == \
+        "![x](corpus-size-a.png) and [y](b.md)"
