@@ -20,7 +20,7 @@ from .lexer import error_at
 from .logical import (
     _AGGREGATES, _BOOL, _DOC_FIELDS, _NUM, _SCOPES, _STAR, _TEXT, ANSWER_LEVEL, DEFAULT_LIMIT, FUNCTIONS, SOURCES, Aggregate,
     Assemble, Classify, Evidence, Filter, Limit, Node, Order, OrderKey, Project, ProjectItem,
-    Retrieve, Score, _sql,
+    Retrieve, Score,
 )
 from .printer import expr_to_sql
 from .spec import GROUPS, MODES, SCORINGS, ClassifySpec, MaskedSpec, masked_retrieval
@@ -177,7 +177,7 @@ class _Binder:
         if isinstance(e, A.BinaryOp) and e.op in A.ARITHMETIC_OPS:
             for side in (e.left, e.right):
                 if t(side) not in (_NUM, None):
-                    self.fail(side, f"{e.op} needs numbers, not {t(side)} ({_sql(side)})")
+                    self.fail(side, f"{e.op} needs numbers, not {t(side)} ({expr_to_sql(side)})")
         elif isinstance(e, A.UnaryOp) and e.op == "-" and t(e.operand) not in (_NUM, None):
             self.fail(e.operand, f"'-' needs a number, not {t(e.operand)}")
         elif isinstance(e, A.BinaryOp) and e.op in ("<", "<=", ">", ">="):
@@ -199,11 +199,11 @@ class _Binder:
     def _comparable(self, e: A.Expr, a: A.Expr, b: A.Expr) -> None:
         ta, tb = self.type_of(a), self.type_of(b)
         if ta and tb and ta != tb and not {ta, tb} <= {_NUM, _BOOL}:
-            self.fail(e, f"cannot compare {ta} with {tb}: {_sql(e)}")
+            self.fail(e, f"cannot compare {ta} with {tb}: {expr_to_sql(e)}")
 
     def condition(self, e: A.Expr) -> None:
         if self.type_of(e) not in (_BOOL, None):
-            self.fail(e, f"expected a condition, found {self.type_of(e)} {_sql(e)}")
+            self.fail(e, f"expected a condition, found {self.type_of(e)} {expr_to_sql(e)}")
 
     # ------------------------------------------------------------ clauses
 
@@ -497,29 +497,30 @@ class _Binder:
         if g is None:
             return None
         if self.source in ("SEARCH", "DOCUMENTS"):
-            self.fail(A.Name((g,), pos=self._group_by_pos()),
+            self.fail(self._group_key(g),
                       f"{self.source} rows cannot be grouped (GROUP BY works on "
                       "MASKED, TOKENS and EVIDENCE answers)")
         if self.source == "CLASSIFY":
             if g != "label":
-                self.fail(A.Name((g,), pos=self._group_by_pos()),
+                self.fail(self._group_key(g),
                           f"CLASSIFY answers are its labels: GROUP BY label, not {g}")
             return None
         keys = tuple(A.GROUP_KEYS) + tuple(k for k in GROUPS if k not in A.GROUP_KEYS)
         if g not in keys:
-            self.fail(A.Name((g,), pos=self._group_by_pos()),
+            self.fail(self._group_key(g),
                       f"unknown GROUP BY key {g!r}" + _hint(g, keys), keys)
         return g
 
-    def _group_by_pos(self) -> int:
-        """Where the GROUP BY key is written (the tree keeps only its name)."""
+    def _group_key(self, g: str) -> A.Name:
+        """The GROUP BY key ``g`` as a node placed where it is written (the tree keeps only
+        its name), for an error to point at."""
         from .lexer import tokenize
 
         toks = tokenize(self.text)
         for a, b, c in zip(toks, toks[1:], toks[2:]):
             if a.is_keyword("GROUP") and b.is_keyword("BY"):
-                return c.pos
-        return self.stmt.pos or 0
+                return A.Name((g,), pos=c.pos)
+        return A.Name((g,), pos=self.stmt.pos or 0)
 
 
 # USING method → its arguments.
@@ -572,7 +573,7 @@ def _value(e: A.Expr) -> str:
     if isinstance(e, A.Literal):
         return {"null": "NULL", "boolean": "TRUE" if e.value else "FALSE"}.get(
             e.kind, repr(e.value)) + (f" ({e.kind})" if e.kind not in ("null", "boolean") else "")
-    return _sql(e)
+    return expr_to_sql(e)
 
 
 def build(stmt: A.Select, text: str) -> Node:

@@ -42,15 +42,12 @@ __all__ = ["Compiled", "compile_plan", "show", "format_explain"]
 
 # ================================================================ expressions
 
-def _describe(e: A.Expr) -> str:
-    return expr_to_sql(e)
-
 
 def _doc_filter(e: A.Expr, text: str) -> DocFilter:
     def make():
         pred = compile_condition(e, text)
         return lambda d: pred(_doc_row(d))
-    return DocFilter.shared(_describe(e), make, statement=text)
+    return DocFilter.shared(expr_to_sql(e), make, statement=text)
 
 
 # ================================================================ rows of each source
@@ -164,9 +161,9 @@ def _row_ops(nodes: list[L.Node], text: str) -> list[Operator]:
     ops: list[Operator] = []
     for n in reversed(nodes):
         if isinstance(n, L.Filter) and n.level == "row":
-            ops.append(FilterRows(_describe(n.condition), compile_condition(n.condition, text)))
+            ops.append(FilterRows(expr_to_sql(n.condition), compile_condition(n.condition, text)))
         elif isinstance(n, L.Order) and n.level == "row":
-            ops.append(OrderRows(tuple((_describe(k.expr), compile_expr(k.expr, text),
+            ops.append(OrderRows(tuple((expr_to_sql(k.expr), compile_expr(k.expr, text),
                                         k.descending, getattr(k.expr, "pos", None) or 0)
                                        for k in n.keys), text))
         elif isinstance(n, L.Limit) and n.level == "row":
@@ -225,7 +222,7 @@ def _compile_answers(plan, nodes, columns, fns, doc_filter, text) -> Compiled:
             labels, kw["tau"], kw["calibrate"] = n.labels, n.tau, n.calibrate
         elif isinstance(n, L.Filter) and n.level == "answer":
             pred = compile_condition(n.condition, text)
-            plan_args["answer_filter"] = (_describe(n.condition), lambda g: pred(_answer_row(g)))
+            plan_args["answer_filter"] = (expr_to_sql(n.condition), lambda g: pred(_answer_row(g)))
         elif isinstance(n, L.Top):
             plan_args["order"] = _answer_order(n.keys)
             kw.update(top=n.count or 0, offset=n.offset)

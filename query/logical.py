@@ -109,7 +109,7 @@ class Retrieve(Node):
         if self.version is not None:
             parts.append(f"as_of={self.version!r}")
         if self.doc_filter is not None:
-            parts.append("docs: " + _sql(self.doc_filter))
+            parts.append("docs: " + expr_to_sql(self.doc_filter))
         if self.stop_after is not None:
             parts.append(f"stop_after={self.stop_after}")
         return ", ".join(parts)
@@ -188,7 +188,7 @@ class Filter(Node):
         return f"Filter[{self.level}]"
 
     def detail(self) -> str:
-        return _sql(self.condition)
+        return expr_to_sql(self.condition)
 
 
 @dataclass(frozen=True)
@@ -197,7 +197,7 @@ class OrderKey:
     descending: bool = False
 
     def __str__(self) -> str:
-        return _sql(self.expr) + (" DESC" if self.descending else " ASC")
+        return expr_to_sql(self.expr) + (" DESC" if self.descending else " ASC")
 
 
 @dataclass(frozen=True)
@@ -270,7 +270,7 @@ class ProjectItem:
     expr: A.Expr
 
     def __str__(self) -> str:
-        text = _sql(self.expr)
+        text = expr_to_sql(self.expr)
         return text if text == self.name else f"{text} AS {self.name}"
 
 
@@ -320,9 +320,6 @@ def explain(node: Node) -> str:
 def _b(v: bool) -> str:
     return "true" if v else "false"
 
-
-def _sql(e: A.Expr) -> str:
-    return expr_to_sql(e)
 
 
 # ================================================================ scopes

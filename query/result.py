@@ -10,6 +10,8 @@ from typing import Any, Iterator, Sequence
 
 from npmdb.errors import NotSupportedError
 
+from .lexer import in_int64
+
 __all__ = ["Evidence", "Answer", "Result", "StageStat", "finite", "json_text",
            "COLUMN_TYPES"]
 
@@ -32,7 +34,7 @@ def _whole_numbers(values: list) -> bool:
     """Every value is None or a 64-bit int (not a bool), and one is an int: a column
     pandas would make float64, losing every int past 2**53 (2**53 + 1 read ...992.0)."""
     ints = [v for v in values if v is not None]
-    return bool(ints) and all(type(v) is int and -2 ** 63 <= v < 2 ** 63 for v in ints)
+    return bool(ints) and all(type(v) is int and in_int64(v) for v in ints)
 
 
 def json_text(value: Any, **kw: Any) -> str:

@@ -78,9 +78,6 @@ def _index(nodes: list[Node], cls: type, **match) -> int | None:
     return None
 
 
-def _sql(e: A.Expr) -> str:
-    return expr_to_sql(e)
-
 
 def _not_supported(text: str, e: A.Expr, message: str) -> NotSupportedError:
     line, col = line_col(text, e.pos or 0)
@@ -130,8 +127,8 @@ def push_document_predicates(plan: Node, text: str = "") -> tuple[Node, str | No
         (doc_terms if docs else rest).append(term)
     if not doc_terms:
         if mixed:
-            return plan, (f"push_document_predicates: {_sql(conjoin(mixed))} mixes document and "
-                          "row columns: evaluated on rows")
+            return plan, (f"push_document_predicates: {expr_to_sql(conjoin(mixed))} mixes "
+                          "document and row columns: evaluated on rows")
         return plan, None
     leaf = nodes[-1]
     old = [leaf.doc_filter] if leaf.doc_filter is not None else []
@@ -142,9 +139,11 @@ def push_document_predicates(plan: Node, text: str = "") -> tuple[Node, str | No
         del nodes[i]
     else:
         nodes[i] = replace(f, condition=remaining)
-    note = f"push_document_predicates: {_sql(conjoin(doc_terms))} → Retrieve (restricts retrieval)"
+    note = (f"push_document_predicates: {expr_to_sql(conjoin(doc_terms))} → Retrieve "
+            "(restricts retrieval)")
     if mixed:
-        note += f"; {_sql(conjoin(mixed))} mixes document and row columns: evaluated on rows"
+        note += (f"; {expr_to_sql(conjoin(mixed))} mixes document and row columns: evaluated "
+                 "on rows")
     return unchain(nodes), note
 
 
@@ -161,7 +160,8 @@ def split_answer_predicates(plan: Node, text: str = "") -> tuple[Node, str | Non
     source = _source(nodes)
     if source in ("MASKED", "TOKENS", "CLASSIFY"):
         nodes[i] = replace(f, level="answer")
-        return unchain(nodes), f"split_answer_predicates: {_sql(f.condition)} → Filter[answer]"
+        return unchain(nodes), (f"split_answer_predicates: {expr_to_sql(f.condition)} → "
+                                "Filter[answer]")
     if source == "EVIDENCE":
         answer, rows = [], []
         for term in conjuncts(f.condition):
@@ -170,14 +170,14 @@ def split_answer_predicates(plan: Node, text: str = "") -> tuple[Node, str | Non
         notes = []
         if answer:
             nodes.insert(i, replace(f, condition=conjoin(answer), level="answer"))
-            notes.append(f"{_sql(conjoin(answer))} → Filter[answer]")
+            notes.append(f"{expr_to_sql(conjoin(answer))} → Filter[answer]")
         if rows:
             j = _index(nodes, Evidence)
             nodes.insert(j, replace(f, condition=conjoin(rows), level="row"))
-            notes.append(f"{_sql(conjoin(rows))} → Filter[row] over occurrences")
+            notes.append(f"{expr_to_sql(conjoin(rows))} → Filter[row] over occurrences")
         return unchain(nodes), "split_answer_predicates: " + "; ".join(notes)
     nodes[i] = replace(f, level="row")
-    return unchain(nodes), f"split_answer_predicates: {_sql(f.condition)} → Filter[row]"
+    return unchain(nodes), f"split_answer_predicates: {expr_to_sql(f.condition)} → Filter[row]"
 
 
 def default_limit(plan: Node, text: str = "") -> tuple[Node, str | None]:

@@ -39,7 +39,6 @@ segment's token positions (FAISS ``IDSelectorBitmap``), so no side is over-fetch
 from __future__ import annotations
 
 import math
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,7 +47,8 @@ import numpy as np
 
 from npmdb.errors import OperationalError, ProgrammingError
 
-from .format import unpack
+from .ivf_template import (load_template, read_template, template_key, template_nlist,
+                           template_of, template_value)
 from .paths import fsync_path
 
 __all__ = ["IvfParams", "IvfFile", "IvfSide", "MIN_TRAIN", "template_key", "template_value",
@@ -82,10 +82,6 @@ class IvfParams:
     refine: int = 3
     train_points: int = 131072
     list_entries: int = 6144
-
-
-def template_key(gen: int) -> bytes:
-    return f"ivf:g{gen}".encode()
 
 
 def _pq_m(dim: int, m: int | None) -> int:
@@ -199,35 +195,6 @@ def train_template(sample: np.ndarray, params: IvfParams, threads: int | None = 
     finally:
         faiss.omp_set_num_threads(prev)
     return bytes(faiss.serialize_index(index))
-
-
-def _deserialize(template: bytes):
-    """The FAISS index of a serialised template (FAISS's own error on bytes it cannot read:
-    an OperationalError)."""
-    import faiss
-
-    try:
-        return faiss.deserialize_index(np.frombuffer(template, dtype=np.uint8))
-    except RuntimeError as exc:
-        raise OperationalError(f"the IVF template cannot be read ({str(exc)[:200]}): run "
-                               "`npmdb check`, then restore the database from a backup"
-                               ) from None
-
-
-def template_nlist(template: bytes) -> int:
-    """The lists of a serialised template."""
-    import faiss
-
-    return int(faiss.extract_index_ivf(_deserialize(template)).nlist)
-
-
-def load_template(template: bytes, dim: int):
-    """The trained, empty FAISS index ``template`` holds (checked against ``dim``)."""
-    index = _deserialize(template)
-    if index.d != dim:
-        raise OperationalError(f"the IVF template has dimension {index.d}, the vectors "
-                               f"{dim}: the database is inconsistent")
-    return index
 
 
 @dataclass(frozen=True)
@@ -599,34 +566,3 @@ class IvfSide:
             np.ascontiguousarray(q, dtype=np.float32)[None], k, params=sp)
         keep = labels[0] >= 0
         return labels[0][keep].astype(np.int64), scores[0][keep].astype(np.float32)
-
-
-def template_value(template: bytes) -> dict:
-    """What the ``meta`` table stores for a template: its bytes and their CRC-32 (a
-    damaged template either failed inside FAISS or, damaged in its centroids, coded every
-    later segment against lists that were never trained)."""
-    return {"template": bytes(template), "crc": zlib.crc32(template)}
-
-
-def template_of(value: Any, gen: int) -> bytes:
-    """The template bytes of a stored :func:`template_value` (checked), or of a bare
-    template, as databases written before the checksum stored it."""
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value)
-    if not (isinstance(value, dict) and isinstance(value.get("template"), bytes)):
-        raise OperationalError(f"the IVF template of generation {gen} is damaged (not a "
-                               "template): run `npmdb check`, then restore the database "
-                               "from a backup")
-    if zlib.crc32(value["template"]) != value.get("crc"):
-        raise OperationalError(f"the IVF template of generation {gen} is damaged (checksum "
-                               "mismatch): run `npmdb check`, then restore the database "
-                               "from a backup")
-    return value["template"]
-
-
-def read_template(env, gen: int) -> bytes | None:
-    """Generation ``gen``'s trained template (its checksum checked), or None before the
-    first is trained."""
-    with env.read() as txn:
-        raw = txn.get(template_key(gen), db=env.dbs["meta"])
-    return template_of(unpack(raw), gen) if raw is not None else None

@@ -393,7 +393,8 @@ class SegmentWriter:
         if len(vecs) < ivf.MIN_TRAIN:
             return None
         template = ivf.train_template(vecs, self.params.ivf)
-        self.env.write(lambda txn: txn.put(ivf.template_key(self.gen), F.pack(ivf.template_value(template)),
+        value = F.pack(ivf.template_value(template))
+        self.env.write(lambda txn: txn.put(ivf.template_key(self.gen), value,
                                            db=self.env.dbs["meta"]))
         return template
 
